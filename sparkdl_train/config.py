@@ -1,0 +1,105 @@
+"""Typed, validated configuration objects.
+
+Every field is checked in ``__post_init__`` so a bad value fails on the driver,
+with the argument's name, before any Spark job starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+MODES = ("synchronous", "asynchronous", "hogwild", "allreduce")
+FREQUENCIES = ("epoch", "batch")
+CONF_PREFIX = "spark.sparkdl_train."
+
+
+def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How updates from workers are merged (``SparkModel(mode=..., frequency=...)``)."""
+
+    mode: str = "synchronous"
+    frequency: str | int = "epoch"
+    num_workers: int | None = None
+    seed: int = 0
+    shuffle_buffer_size: int = 16384
+    worker_threads: int | None = None
+    safe_mode: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        freq = self.frequency
+        if isinstance(freq, bool) or not (freq in FREQUENCIES or (isinstance(freq, int) and freq > 0)):
+            raise ConfigError(
+                f"unknown frequency {freq!r}; expected 'epoch', 'batch' or a positive number of batches"
+            )
+        _positive_int("num_workers", self.num_workers, allow_none=True)
+        _positive_int("worker_threads", self.worker_threads, allow_none=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.shuffle_buffer_size, bool) or not isinstance(self.shuffle_buffer_size, int) or self.shuffle_buffer_size < 0:
+            raise ConfigError(f"shuffle_buffer_size must be an integer >= 0, got {self.shuffle_buffer_size!r}")
+        if self.mode == "allreduce" and self.frequency != "batch" and self.frequency != "epoch":
+            raise ConfigError("mode 'allreduce' averages gradients every step; frequency must be left at its default")
+        implemented = {("synchronous", "epoch")}
+        if (self.mode, self.frequency if isinstance(self.frequency, str) else "n") not in implemented:
+            raise ConfigError(
+                f"mode={self.mode!r} with frequency={self.frequency!r} is not available in this version; "
+                "use mode='synchronous', frequency='epoch' (model averaging once per epoch)"
+            )
+
+    @classmethod
+    def from_spark_conf(cls, conf: Mapping[str, str], **overrides: Any) -> "EngineConfig":
+        """Defaults <- ``spark.sparkdl_train.*`` keys <- explicit arguments (non-None)."""
+        keys = {
+            "numWorkers": ("num_workers", int),
+            "seed": ("seed", int),
+            "shuffleBufferSize": ("shuffle_buffer_size", int),
+            "worker.threads": ("worker_threads", int),
+        }
+        values: dict[str, Any] = {}
+        for key, (name, conv) in keys.items():
+            raw = conf.get(CONF_PREFIX + key)
+            if raw is not None:
+                try:
+                    values[name] = conv(raw)
+                except ValueError:
+                    raise ConfigError(f"{CONF_PREFIX + key}={raw!r} is not a valid {conv.__name__}") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """Arguments of one ``fit`` call."""
+
+    epochs: int = 1
+    batch_size: int = 32
+    shuffle: bool = True
+    validation_split: float = 0.0
+    verbose: int = 1
+    initial_epoch: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _positive_int("epochs", self.epochs)
+        _positive_int("batch_size", self.batch_size)
+        if not isinstance(self.validation_split, (int, float)) or not 0.0 <= self.validation_split < 1.0:
+            raise ConfigError(f"validation_split must be in [0, 1), got {self.validation_split!r}")
+        if isinstance(self.initial_epoch, bool) or not isinstance(self.initial_epoch, int) or not 0 <= self.initial_epoch < self.epochs:
+            raise ConfigError(f"initial_epoch must be in [0, epochs), got {self.initial_epoch!r}")
+        if self.verbose not in (0, 1, 2, True, False):
+            raise ConfigError(f"verbose must be 0, 1 or 2, got {self.verbose!r}")

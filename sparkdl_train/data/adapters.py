@@ -1,0 +1,350 @@
+"""Data adapters: one interface over Spark RDDs, Spark DataFrames and arrays.
+
+An adapter knows how to run a *task* over each partition of its data, feeding
+the task a stream of chunks ``(x, y, sample_weight)`` and merging what the
+tasks return. Executors receive plain data only (the task and, for DataFrames,
+the column mapping).
+
+* :class:`RDDAdapter` - Elephas-style RDD of ``(x, y)`` / ``(x, y, w)`` rows.
+* :class:`DataFrameAdapter` - named columns, read through ``mapInArrow``: record
+  batches become numpy arrays column by column, never Python rows.
+* :class:`ArrayAdapter` - numpy arrays split into in-process partitions; used for
+  small validation sets held by the driver and as the fake backend in tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from ..errors import DataError, WorkerError
+from ..merge import Partial, merge_partials
+from .batching import Batch, num_rows, rows_to_chunks, take_rows, tree_concat
+from .spec import ColumnMapping
+
+log = logging.getLogger(__name__)
+
+PartitionTask = Callable[[int, Iterable[Batch]], Partial]
+
+
+class DataAdapter(ABC):
+    """The single interface the driver's engines use to reach data."""
+
+    @abstractmethod
+    def num_partitions(self) -> int: ...
+
+    @abstractmethod
+    def with_partitions(self, n: int) -> "DataAdapter":
+        """The same data in ``n`` partitions (coalesced, or repartitioned if it had fewer)."""
+
+    @abstractmethod
+    def random_split(self, fraction: float, seed: int) -> tuple["DataAdapter", "DataAdapter"]:
+        """(1 - fraction, fraction) split, seeded."""
+
+    @abstractmethod
+    def sample(self, n: int) -> Batch:
+        """Up to ``n`` rows on the driver, converted exactly as tasks see them."""
+
+    @abstractmethod
+    def share(self, value: Any) -> Any:
+        """Make ``value`` available to tasks as ``ref.value`` (a broadcast on Spark)."""
+
+    @abstractmethod
+    def map_reduce(self, task: PartitionTask, description: str) -> Partial:
+        """Run ``task`` on every partition and merge the partials."""
+
+    @abstractmethod
+    def predict(self, make_model: Callable[[], Any], predict: Callable[[Any, Any], Any], columns: list, description: str) -> Any:
+        """Predictions as the natural distributed type (DataFrame column(s), RDD of arrays)."""
+
+    def unshare(self, ref: Any) -> None:
+        unpersist = getattr(ref, "unpersist", None)
+        if unpersist is not None:
+            unpersist()
+
+
+# -- Spark helpers -----------------------------------------------------------------
+
+_TASK_RE = re.compile(r"[Tt]ask (\d+)(?:\.\d+)? in stage")
+
+
+@contextlib.contextmanager
+def _spark_job(sc: Any, description: str) -> Iterator[None]:
+    """Label the job in the Spark UI and turn executor failures into WorkerError."""
+    old = sc.getLocalProperty("spark.job.description")
+    sc.setLocalProperty("spark.job.description", description)
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - classify below
+        name = type(exc).__name__
+        if name not in ("PythonException", "Py4JJavaError", "SparkException"):
+            raise
+        text = str(exc)
+        m = _TASK_RE.search(text)
+        rank = int(m.group(1)) if m else -1
+        last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip().startswith(("sparkdl_train.", "ValueError", "TypeError", "RuntimeError"))), None)
+        summary = f"{description} failed on an executor"
+        if last:
+            summary += f": {last}"
+        raise WorkerError(summary, {rank: text}) from exc
+    finally:
+        sc.setLocalProperty("spark.job.description", old)
+
+
+def _tree_reduce(rdd: Any) -> Partial:
+    return rdd.treeReduce(merge_partials, depth=2)
+
+
+# -- RDD ---------------------------------------------------------------------------
+
+class RDDAdapter(DataAdapter):
+    def __init__(self, rdd: Any, labelled: bool = True, chunk_rows: int = 1024):
+        self.rdd = rdd
+        self.labelled = labelled
+        self.chunk_rows = chunk_rows
+
+    def _like(self, rdd: Any) -> "RDDAdapter":
+        return RDDAdapter(rdd, self.labelled, self.chunk_rows)
+
+    def num_partitions(self) -> int:
+        return self.rdd.getNumPartitions()
+
+    def with_partitions(self, n: int) -> "RDDAdapter":
+        current = self.num_partitions()
+        if current == n:
+            return self
+        return self._like(self.rdd.coalesce(n) if current > n else self.rdd.repartition(n))
+
+    def random_split(self, fraction: float, seed: int):
+        a, b = self.rdd.randomSplit([1.0 - fraction, fraction], seed=seed)
+        return self._like(a), self._like(b)
+
+    def sample(self, n: int) -> Batch:
+        rows = self.rdd.take(n)
+        if not rows:
+            raise DataError("the RDD is empty")
+        try:
+            return next(rows_to_chunks(rows, n, self.labelled))
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+
+    def share(self, value: Any) -> Any:
+        return self.rdd.context.broadcast(value)
+
+    def map_reduce(self, task: PartitionTask, description: str) -> Partial:
+        chunk_rows, labelled = self.chunk_rows, self.labelled
+
+        def run(index: int, rows: Iterator) -> Iterator[Partial]:
+            yield task(index, rows_to_chunks(rows, chunk_rows, labelled))
+
+        with _spark_job(self.rdd.context, description):
+            return _tree_reduce(self.rdd.mapPartitionsWithIndex(run))
+
+    def predict(self, make_model, predict, columns, description):
+        chunk_rows = self.chunk_rows
+        keys = [c.key for c in columns]
+
+        def run(rows: Iterator) -> Iterator:
+            model = None
+            for x, _, _ in rows_to_chunks(rows, chunk_rows, labelled=False):
+                model = model or make_model()
+                out = predict(model, x)
+                if keys == [None]:
+                    yield from out
+                else:
+                    parts = [out[k] for k in keys]
+                    yield from zip(*parts)
+
+        self.rdd.context.setLocalProperty("spark.job.description", description)
+        return self.rdd.mapPartitions(run)
+
+
+# -- DataFrame -----------------------------------------------------------------------
+
+def check_schema(schema: Any, mapping: ColumnMapping) -> None:
+    """Fail on the driver when a column is missing or not numeric."""
+    from pyspark.sql import types as T
+
+    fields = {f.name: f.dataType for f in schema.fields}
+
+    def numeric(dt: Any) -> bool:
+        if isinstance(dt, (T.NumericType, T.BooleanType)):
+            return True
+        if isinstance(dt, T.ArrayType):
+            return numeric(dt.elementType)
+        return getattr(dt, "typeName", lambda: "")() == "vector" or type(dt).__name__ == "VectorUDT"
+
+    for spec in (*mapping.inputs, mapping.label, mapping.sample_weight):
+        if spec is None:
+            continue
+        for col in spec.columns:
+            if col not in fields:
+                raise DataError(
+                    f"column {col!r} (for {spec.name!r}) is not in the DataFrame; columns are {sorted(fields)}"
+                )
+            if not numeric(fields[col]):
+                raise DataError(
+                    f"column {col!r} (for {spec.name!r}) has type {fields[col].simpleString()}; "
+                    "only numeric, boolean, array-of-numeric and ML vector columns can be fed to a model"
+                )
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+class DataFrameAdapter(DataAdapter):
+    def __init__(self, df: Any, mapping: ColumnMapping):
+        self.df = df
+        self.mapping = mapping
+        check_schema(df.schema, mapping)
+
+    def _like(self, df: Any) -> "DataFrameAdapter":
+        return DataFrameAdapter(df, self.mapping)
+
+    @property
+    def _sc(self) -> Any:
+        return self.df.sparkSession.sparkContext
+
+    def num_partitions(self) -> int:
+        return self.df.rdd.getNumPartitions()
+
+    def with_partitions(self, n: int) -> "DataFrameAdapter":
+        current = self.num_partitions()
+        if current == n:
+            return self
+        return self._like(self.df.coalesce(n) if current > n else self.df.repartition(n))
+
+    def random_split(self, fraction: float, seed: int):
+        a, b = self.df.randomSplit([1.0 - fraction, fraction], seed=seed)
+        return self._like(a), self._like(b)
+
+    def _selected(self) -> Any:
+        return self.df.select(*[_quoted(c) for c in self.mapping.columns()])
+
+    def sample(self, n: int) -> Batch:
+        table = self._selected().limit(n).toArrow()
+        if table.num_rows == 0:
+            raise DataError("the DataFrame is empty")
+        rb = table.combine_chunks().to_batches()[0]
+        return self.mapping.batch_from_arrow(rb)
+
+    def share(self, value: Any) -> Any:
+        return self._sc.broadcast(value)
+
+    def map_reduce(self, task: PartitionTask, description: str) -> Partial:
+        import pyarrow as pa
+
+        mapping = self.mapping
+
+        def run(batches: Iterator) -> Iterator:
+            from pyspark import TaskContext
+
+            pid = TaskContext.get().partitionId()
+            partial = task(pid, (mapping.batch_from_arrow(rb) for rb in batches))
+            yield pa.RecordBatch.from_arrays([pa.array([partial.to_bytes()], pa.binary())], ["partial"])
+
+        out = self._selected().mapInArrow(run, "partial binary")
+        with _spark_job(self._sc, description):
+            return _tree_reduce(out.rdd.map(lambda row: Partial.from_bytes(row[0])))
+
+    def predict(self, make_model, predict, columns, description):
+        from pyspark.sql import types as T
+
+        existing = set(self.df.columns)
+        clash = [c.name for c in columns if c.name in existing]
+        if clash:
+            raise DataError(f"prediction column(s) {clash} already exist in the DataFrame; pass another prediction_col")
+        schema = T.StructType(
+            list(self.df.schema.fields) + [T.StructField(c.name, c.spark_type(), nullable=False) for c in columns]
+        )
+        mapping = self.mapping.without_labels()
+
+        def run(batches: Iterator) -> Iterator:
+            model = None
+            for rb in batches:
+                if rb.num_rows == 0:
+                    continue
+                model = model or make_model()
+                out = predict(model, mapping.x_from_arrow(rb))
+                for c in columns:
+                    rb = rb.append_column(c.name, c.to_arrow(out))
+                yield rb
+
+        self._sc.setLocalProperty("spark.job.description", description)
+        return self.df.mapInArrow(run, schema)
+
+
+# -- in-process arrays (driver-held validation data; fake backend for tests) --------------
+
+@dataclass
+class LocalRef:
+    value: Any
+
+    def unpersist(self) -> None:
+        self.value = None
+
+
+class ArrayAdapter(DataAdapter):
+    """Arrays split into ``partitions`` contiguous slices, run in this process."""
+
+    def __init__(self, x: Any, y: Any = None, sample_weight: Any = None, partitions: int = 1, chunk_rows: int = 1024):
+        self.data: Batch = (x, y, sample_weight)
+        self.n = num_rows(self.data)
+        self.partitions = partitions
+        self.chunk_rows = chunk_rows
+
+    def _like(self, data: Batch, partitions: int | None = None) -> "ArrayAdapter":
+        return ArrayAdapter(*data, partitions=partitions or self.partitions, chunk_rows=self.chunk_rows)
+
+    def num_partitions(self) -> int:
+        return self.partitions
+
+    def with_partitions(self, n: int) -> "ArrayAdapter":
+        return self._like(self.data, n)
+
+    def random_split(self, fraction: float, seed: int):
+        perm = np.random.default_rng(seed).permutation(self.n)
+        cut = self.n - int(round(self.n * fraction))
+        return self._like(take_rows(self.data, perm[:cut])), self._like(take_rows(self.data, perm[cut:]))
+
+    def sample(self, n: int) -> Batch:
+        if self.n == 0:
+            raise DataError("the arrays are empty")
+        return take_rows(self.data, slice(0, n))
+
+    def share(self, value: Any) -> LocalRef:
+        return LocalRef(value)
+
+    def _bounds(self) -> list[tuple[int, int]]:
+        edges = np.linspace(0, self.n, self.partitions + 1).astype(int)
+        return list(zip(edges[:-1], edges[1:]))
+
+    def _chunks(self, lo: int, hi: int) -> Iterator[Batch]:
+        for s in range(lo, hi, self.chunk_rows):
+            yield take_rows(self.data, slice(s, min(hi, s + self.chunk_rows)))
+
+    def map_reduce(self, task: PartitionTask, description: str) -> Partial:
+        total = Partial()
+        for pid, (lo, hi) in enumerate(self._bounds()):
+            total = total.merge(task(pid, self._chunks(lo, hi)))
+        return total
+
+    def predict(self, make_model, predict, columns, description):
+        model = make_model()
+        outs = [predict(model, chunk[0]) for chunk in self._chunks(0, self.n)]
+        return tree_concat(outs) if outs else None
+
+
+def is_dataframe(data: Any) -> bool:
+    return hasattr(data, "mapInArrow") and hasattr(data, "schema") and hasattr(data, "sparkSession")
+
+
+def is_rdd(data: Any) -> bool:
+    return hasattr(data, "mapPartitionsWithIndex") and hasattr(data, "context")

@@ -1,0 +1,1 @@
+"""Driver-side code: the user-facing SparkModel and the engines that run a fit."""

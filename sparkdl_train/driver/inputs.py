@@ -1,0 +1,42 @@
+"""Turning what the user passed (DataFrame, RDD, arrays) into a DataAdapter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..data.adapters import ArrayAdapter, DataAdapter, DataFrameAdapter, RDDAdapter, is_dataframe, is_rdd
+from ..data.spec import resolve_columns
+from ..errors import DataError
+from ..model_io import input_infos
+
+
+def make_adapter(
+    data: Any,
+    model: Any,
+    *,
+    labelled: bool,
+    feature_cols: Any = "features",
+    label_col: Any = "label",
+    sample_weight_col: str | None = None,
+    chunk_rows: int = 1024,
+    what: str = "data",
+) -> DataAdapter:
+    if isinstance(data, DataAdapter):
+        return data
+    if is_dataframe(data):
+        if not hasattr(data, "rdd"):
+            raise DataError(f"{what}: Spark Connect DataFrames are not supported; use a classic SparkSession")
+        mapping = resolve_columns(input_infos(model), feature_cols, label_col, sample_weight_col, with_labels=labelled)
+        return DataFrameAdapter(data, mapping)
+    if is_rdd(data):
+        return RDDAdapter(data, labelled=labelled, chunk_rows=chunk_rows)
+    if isinstance(data, tuple) and labelled and len(data) in (2, 3):
+        x, y, *w = data
+        arrays = ArrayAdapter(x, np.asarray(y), np.asarray(w[0]) if w else None, chunk_rows=chunk_rows)
+        return arrays
+    if isinstance(data, (np.ndarray, list, dict)) and not labelled:
+        return ArrayAdapter(data, chunk_rows=chunk_rows)
+    expected = "a DataFrame, an RDD of (x, y) rows or a tuple (x, y[, sample_weight]) of arrays" if labelled else "a DataFrame, an RDD of feature rows or an array"
+    raise DataError(f"{what} must be {expected}; got {type(data).__module__}.{type(data).__name__}")

@@ -1,0 +1,299 @@
+"""``SparkModel``: train, evaluate and predict a compiled Keras 3 model on Spark data."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from ..config import EngineConfig, FitConfig
+from ..data.adapters import ArrayAdapter, DataAdapter
+from ..data.output import output_columns
+from ..errors import ConfigError, DataError
+from ..model_io import ModelPayload, check_compiled, serialize_model
+from ..worker.tasks import PredictTask, StepSettings
+from .engine import FitStats, evaluate_logs, train_one_epoch
+from .inputs import make_adapter
+from .progress import EpochProgress
+from .session import SharedRefs
+
+log = logging.getLogger(__name__)
+
+_SAMPLE_ROWS = 8
+
+
+class SparkModel:
+    """A compiled Keras model trained on Spark data.
+
+    Nothing is started in the constructor: no Spark job, no server. The model is
+    serialized (and proven rebuildable) at the start of each ``fit`` /
+    ``evaluate`` / ``predict``, before any Spark job.
+
+    Args:
+        model: a compiled, built ``keras.Model`` (Sequential, functional or subclassed).
+        mode: how workers' updates merge; see the README. This version runs
+            ``'synchronous'`` with ``frequency='epoch'`` (model averaging).
+        frequency: ``'epoch'``, ``'batch'`` or a number of batches.
+        num_workers: training partitions (default: the cluster's default parallelism).
+        custom_objects: custom layers/losses/metrics the model uses.
+        seed: seeds shuffling and the validation split.
+        shuffle_buffer_size: rows held per worker when shuffling a partition's stream.
+        worker_threads: TensorFlow threads per worker (default: cores / workers in
+            local mode, ``spark.task.cpus`` on a cluster).
+        safe_mode: passed to ``keras.saving.load_model`` on executors.
+
+    Values left at ``None`` are read from ``spark.sparkdl_train.*`` keys
+    (``numWorkers``, ``seed``, ``shuffleBufferSize``, ``worker.threads``).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        mode: str = "synchronous",
+        frequency: str | int = "epoch",
+        num_workers: int | None = None,
+        custom_objects: dict[str, Any] | None = None,
+        seed: int | None = None,
+        shuffle_buffer_size: int | None = None,
+        worker_threads: int | None = None,
+        safe_mode: bool = True,
+    ):
+        check_compiled(model)
+        self._model = model
+        self._overrides = dict(
+            mode=mode,
+            frequency=frequency,
+            num_workers=num_workers,
+            seed=seed,
+            shuffle_buffer_size=shuffle_buffer_size,
+            worker_threads=worker_threads,
+            safe_mode=safe_mode,
+        )
+        self.config = EngineConfig(**{k: v for k, v in self._overrides.items() if v is not None})
+        self.custom_objects = dict(custom_objects or {})
+        self.stats: FitStats | None = None
+        self._columns: dict[str, Any] = {"feature_cols": "features", "label_col": "label", "sample_weight_col": None}
+
+    # -- public API ---------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        """The driver's Keras model; after ``fit`` it holds the trained weights."""
+        return self._model
+
+    @property
+    def master_network(self) -> Any:  # Elephas name
+        return self._model
+
+    def fit(
+        self,
+        data: Any,
+        epochs: int = 1,
+        batch_size: int = 32,
+        verbose: int = 1,
+        callbacks: Sequence[Any] | None = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool = True,
+        initial_epoch: int = 0,
+        feature_cols: Any = None,
+        label_col: Any = None,
+        sample_weight_col: str | None = None,
+    ) -> Any:
+        """Train on ``data`` (DataFrame, RDD of ``(x, y)``) and return a ``keras.callbacks.History``.
+
+        ``validation_data`` may be a DataFrame, an RDD or a tuple of arrays;
+        ``validation_split`` holds out a seeded random fraction of ``data``
+        (Keras takes the last rows; distributed data has no "last" rows).
+        """
+        import keras
+
+        fit_cfg = FitConfig(
+            epochs=epochs,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            validation_split=validation_split,
+            verbose=int(verbose),
+            initial_epoch=initial_epoch,
+        )
+        if validation_data is not None and validation_split:
+            raise ConfigError("pass either validation_data or validation_split, not both")
+        self._remember_columns(feature_cols, label_col, sample_weight_col)
+        model = self._model
+        payload = self._payload()
+        train = self._adapter(data, labelled=True, what="data")
+        val = None
+        if validation_data is not None:
+            val = self._adapter(validation_data, labelled=True, what="validation_data")
+        elif fit_cfg.validation_split:
+            train, val = train.random_split(fit_cfg.validation_split, self._conf().seed)
+        engine = self._conf(train)
+        workers = engine.num_workers or self._default_workers(train)
+        train = train.with_partitions(workers)
+        self._check_sample(train, "data")
+        if val is not None:
+            self._check_sample(val, "validation_data")
+
+        settings = StepSettings(
+            batch_size=fit_cfg.batch_size,
+            shuffle=fit_cfg.shuffle,
+            shuffle_buffer_size=engine.shuffle_buffer_size,
+            seed=engine.seed,
+            threads=self._threads(train, workers),
+        )
+        eval_settings = StepSettings(batch_size=fit_cfg.batch_size, threads=settings.threads)
+        self.stats = FitStats(num_workers=workers, worker_threads=settings.threads)
+        cb = keras.callbacks.CallbackList(
+            callbacks, add_history=True, add_progbar=False, model=model,
+            verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None,
+        )
+        progress = EpochProgress(fit_cfg.epochs, fit_cfg.initial_epoch, enabled=fit_cfg.verbose == 1)
+        refs = SharedRefs(payload)
+        model.stop_training = False
+        logs: dict[str, Any] = {}
+        log.info("fit: %d epochs on %d workers (mode=%s, frequency=%s)", epochs, workers, engine.mode, engine.frequency)
+        cb.on_train_begin()
+        try:
+            for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
+                cb.on_epoch_begin(epoch)
+                logs, stats = train_one_epoch(model, train, refs, settings, epoch, fit_cfg.epochs)
+                if val is not None:
+                    val_logs = evaluate_logs(
+                        model, val, refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
+                    )
+                    logs.update({f"val_{k}": v for k, v in val_logs.items()})
+                self.stats.epochs.append(stats)
+                progress.update(epoch, logs, stats.samples_per_second)
+                log.info("epoch %d/%d %s (%.0f samples/s)", epoch + 1, fit_cfg.epochs,
+                         " ".join(f"{k}={v:.4g}" for k, v in logs.items() if isinstance(v, float)), stats.samples_per_second)
+                cb.on_epoch_end(epoch, logs)
+                if model.stop_training:
+                    break
+        finally:
+            refs.release()
+            progress.close()
+        cb.on_train_end(logs)
+        return model.history
+
+    def evaluate(
+        self,
+        data: Any,
+        batch_size: int = 32,
+        return_dict: bool = False,
+        feature_cols: Any = None,
+        label_col: Any = None,
+        sample_weight_col: str | None = None,
+    ) -> Any:
+        """Loss and metrics over all of ``data``, sample-weighted exactly like ``model.evaluate``.
+
+        Metric *state* (totals, counts, AUC confusion counts) is summed across
+        partitions, so the result equals a single-process evaluation.
+        """
+        FitConfig(batch_size=batch_size)
+        self._remember_columns(feature_cols, label_col, sample_weight_col)
+        payload = self._payload()
+        adapter = self._adapter(data, labelled=True, what="data")
+        self._check_sample(adapter, "data")
+        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions()))
+        refs = SharedRefs(payload)
+        try:
+            logs = evaluate_logs(self._model, adapter, refs, settings, "sparkdl_train evaluate")
+        finally:
+            refs.release()
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    def predict(
+        self,
+        data: Any,
+        batch_size: int = 256,
+        feature_cols: Any = None,
+        prediction_col: str = "prediction",
+    ) -> Any:
+        """Predictions, computed on the executors and never collected.
+
+        DataFrame in -> the same DataFrame with a ``prediction_col`` column (a
+        double for one value per row, an array of floats otherwise; one column
+        per output for multi-output models). RDD of feature rows in -> RDD of
+        prediction arrays, in order. Arrays in -> arrays.
+        """
+        FitConfig(batch_size=batch_size)
+        if feature_cols is not None:
+            self._columns["feature_cols"] = feature_cols
+        payload = self._payload()
+        adapter = self._adapter(data, labelled=False, what="data")
+        sample_x = adapter.sample(_SAMPLE_ROWS)[0]
+        try:
+            sample_out = self._model.predict_on_batch(sample_x)
+        except Exception as exc:  # noqa: BLE001
+            raise DataError(f"the model cannot run on the given features: {type(exc).__name__}: {exc}") from exc
+        columns = output_columns(sample_out, prediction_col)
+        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions()))
+        refs = SharedRefs(payload)
+        task = PredictTask(refs.payload_ref(adapter), refs.state_ref(adapter, self._model, False), settings)
+        return adapter.predict(task.model, task.predict, columns, "sparkdl_train predict")
+
+    # -- helpers -------------------------------------------------------------------
+    def _remember_columns(self, feature_cols: Any, label_col: Any, sample_weight_col: Any) -> None:
+        if feature_cols is not None:
+            self._columns["feature_cols"] = feature_cols
+        if label_col is not None:
+            self._columns["label_col"] = label_col
+        self._columns["sample_weight_col"] = sample_weight_col
+
+    def _payload(self) -> ModelPayload:
+        return serialize_model(self._model, self.custom_objects, self.config.safe_mode)
+
+    def _adapter(self, data: Any, labelled: bool, what: str) -> DataAdapter:
+        return make_adapter(data, self._model, labelled=labelled, what=what, **self._columns)
+
+    def _conf(self, adapter: DataAdapter | None = None) -> EngineConfig:
+        sc = _spark_context(adapter)
+        if sc is None:
+            return self.config
+        conf = dict(sc.getConf().getAll())
+        return EngineConfig.from_spark_conf(conf, **self._overrides)
+
+    @staticmethod
+    def _default_workers(adapter: DataAdapter) -> int:
+        sc = _spark_context(adapter)
+        return sc.defaultParallelism if sc is not None else adapter.num_partitions()
+
+    def _threads(self, adapter: DataAdapter, workers: int) -> int | None:
+        explicit = self._conf(adapter).worker_threads
+        if explicit:
+            return explicit
+        sc = _spark_context(adapter)
+        if sc is None:
+            return None
+        if sc.master.startswith("local"):
+            return max(1, sc.defaultParallelism // max(1, workers))
+        return int(sc.getConf().get("spark.task.cpus", "1"))
+
+    def _check_sample(self, adapter: DataAdapter, what: str) -> None:
+        """Run a few rows through the driver model: catches shape/label problems before
+        the long job, and builds the compiled metrics used to merge workers' metric state."""
+        x, y, w = adapter.sample(_SAMPLE_ROWS)
+        try:
+            self._model.test_on_batch(x, y, w)
+        except Exception as exc:  # noqa: BLE001
+            shapes = {
+                "x": [getattr(a, "shape", None) for a in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else [x])],
+                "y": getattr(y, "shape", None),
+            }
+            raise DataError(
+                f"{what} does not fit model {self._model.name!r} (sample batch shapes {shapes}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _spark_context(adapter: DataAdapter | None) -> Any:
+    if adapter is None or isinstance(adapter, ArrayAdapter):
+        return None
+    rdd = getattr(adapter, "rdd", None)
+    if rdd is not None:
+        return rdd.context
+    df = getattr(adapter, "df", None)
+    return df.sparkSession.sparkContext if df is not None else None
+
+

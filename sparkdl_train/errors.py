@@ -1,0 +1,35 @@
+"""Exceptions raised by sparkdl_train. All of them pickle (they cross process boundaries)."""
+
+from __future__ import annotations
+
+
+class SparkDLError(Exception):
+    """Base class of every error raised by sparkdl_train."""
+
+
+class ConfigError(SparkDLError, ValueError):
+    """An argument or configuration value is invalid (names the argument)."""
+
+
+class ModelError(SparkDLError, ValueError):
+    """The Keras model cannot be used as given (uncompiled, unserializable, ...)."""
+
+
+class DataError(SparkDLError, ValueError):
+    """The training data does not fit the model (column, dtype, shape, emptiness)."""
+
+
+class WorkerError(SparkDLError):
+    """One or more workers failed; carries the per-rank tracebacks.
+
+    ``failures`` maps a rank / partition id to the formatted traceback text.
+    """
+
+    def __init__(self, message: str, failures: dict[int, str] | None = None):
+        self.failures = dict(failures or {})
+        detail = "".join(f"\n--- worker {r} ---\n{tb.rstrip()}" for r, tb in sorted(self.failures.items()))
+        super().__init__(message + detail)
+        self.message = message
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.failures))

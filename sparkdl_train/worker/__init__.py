@@ -1,0 +1,1 @@
+"""Executor-side code. Nothing here imports the driver package or touches Spark's driver APIs."""

@@ -1,0 +1,57 @@
+"""Per-process state on an executor's Python worker.
+
+Spark reuses Python workers between tasks, so TensorFlow stays imported and a
+rebuilt model can be kept: models are cached by archive digest (a small LRU),
+and TensorFlow's thread pools are sized once, before its first op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from typing import Any
+
+from ..model_io import ModelPayload, load_archive
+
+log = logging.getLogger(__name__)
+
+_MAX_CACHED_MODELS = 2
+_models: "OrderedDict[str, Any]" = OrderedDict()
+_threads: int | None = None
+
+
+def prepare_process(threads: int | None) -> None:
+    """Set environment and thread pools for TensorFlow (first call in a process wins)."""
+    global _threads
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if threads is None or _threads is not None:
+        return
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
+        _threads = threads
+    except RuntimeError:  # TF already initialised in this process: keep its pools
+        _threads = tf.config.threading.get_intra_op_parallelism_threads() or threads
+        log.debug("TensorFlow already initialised; keeping its thread pools")
+
+
+def get_model(payload: ModelPayload) -> Any:
+    """The model for ``payload``, rebuilt once per Python worker process."""
+    key = payload.digest
+    model = _models.get(key)
+    if model is not None:
+        _models.move_to_end(key)
+        return model
+    model = load_archive(payload)
+    _models[key] = model
+    while len(_models) > _MAX_CACHED_MODELS:
+        _models.popitem(last=False)
+    return model
+
+
+def cached_model_count() -> int:
+    return len(_models)

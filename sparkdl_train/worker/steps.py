@@ -1,0 +1,72 @@
+"""Running Keras' own compiled train/test/predict steps over a stream of batches.
+
+``Model.train_on_batch`` resets the metrics on every call, so it cannot
+accumulate an epoch's metrics; these loops call the model's compiled
+``train_function`` / ``test_function`` directly, which leaves metric state to
+accumulate exactly as ``Model.fit`` / ``Model.evaluate`` would.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from ..data.batching import Batch, num_rows
+
+
+def _build(model: Any, batch: Batch) -> None:
+    build = getattr(model, "_maybe_symbolic_build", None) or getattr(model, "_symbolic_build", None)
+    if build is not None:
+        build(data_batch=batch)
+
+
+def run_steps(
+    model: Any,
+    batches: Iterable[Batch],
+    training: bool,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> tuple[int, int]:
+    """Run one step per batch; return ``(samples, steps)``. Metrics accumulate."""
+    samples = steps = 0
+    fn = None
+    for batch in batches:
+        n = num_rows(batch)
+        if n == 0:
+            continue
+        if fn is None:
+            _build(model, batch)
+            if training:
+                model.make_train_function()
+                fn = model.train_function
+            else:
+                model.make_test_function()
+                fn = model.test_function
+        fn([batch])
+        samples += n
+        steps += 1
+        if on_batch is not None:
+            on_batch(steps, samples)
+    return samples, steps
+
+
+def predict_batches(model: Any, x: Any, batch_size: int) -> Any:
+    """Predict ``x`` (one chunk) in slices of ``batch_size``; returns arrays like the model's outputs."""
+    from ..data.batching import take_rows, tree_concat
+
+    n = num_rows((x,))
+    outs = []
+    for start in range(0, n, batch_size):
+        part = take_rows(x, slice(start, start + batch_size))
+        outs.append(model.predict_on_batch(part))
+    if not outs:
+        return None
+    return tree_concat([_as_struct(o) for o in outs])
+
+
+def _as_struct(o: Any) -> Any:
+    if isinstance(o, dict):
+        return {k: np.asarray(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [np.asarray(v) for v in o]
+    return np.asarray(o)
