@@ -42,10 +42,16 @@ class WeightedMean:
             return acc
         acc.total_weight = float(weight)
         acc.dtypes = [np.asarray(a).dtype.str for a in arrays]
-        acc.sums = [
-            np.asarray(a, dtype=np.float64) * weight if _is_float(np.asarray(a)) else np.array(a, copy=True)
-            for a in arrays
-        ]
+        sums = []
+        for a in arrays:
+            a = np.asarray(a)
+            if _is_float(a):
+                s = np.array(a, dtype=np.float64, copy=True)
+                np.multiply(s, weight, out=s)  # in place: 0-d arrays must stay arrays
+            else:
+                s = np.array(a, copy=True)
+            sums.append(s)
+        acc.sums = sums
         return acc
 
     def merge(self, other: "WeightedMean") -> "WeightedMean":
@@ -59,7 +65,7 @@ class WeightedMean:
             if a.shape != b.shape:
                 raise ValueError(f"state array {i}: shape {a.shape} != {b.shape}")
             if np.dtype(self.dtypes[i]).kind in "fc":
-                a += b
+                np.add(a, b, out=a)
             else:
                 np.maximum(a, b, out=a)
         self.total_weight += other.total_weight
@@ -71,7 +77,7 @@ class WeightedMean:
         out = []
         for a, dt in zip(self.sums, self.dtypes):
             dt = np.dtype(dt)
-            out.append((a / self.total_weight).astype(dt) if dt.kind in "fc" else a.astype(dt))
+            out.append(np.asarray(a / self.total_weight, dtype=dt) if dt.kind in "fc" else np.asarray(a, dtype=dt))
         return out
 
 

@@ -32,16 +32,38 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ModelPayload:
-    """Everything an executor needs to rebuild the model. Plain data only."""
+    """Everything an executor needs to rebuild the model. Plain data only.
+
+    Custom objects travel as cloudpickle bytes (like Spark closures: classes
+    defined in ``__main__`` or a notebook go by value), because broadcasts use
+    plain pickle, which would only record an import path the executor may lack.
+    """
 
     archive: bytes
-    custom_objects: dict[str, Any] = field(default_factory=dict)
+    custom_objects_blob: bytes = b""
     safe_mode: bool = True
     digest: str = ""  # architecture + compile config, not weights: executors cache by it
 
-    def __post_init__(self) -> None:
-        if not self.digest:
-            object.__setattr__(self, "digest", architecture_digest(self.archive, self.custom_objects))
+    @classmethod
+    def create(cls, archive: bytes, custom_objects: dict[str, Any] | None = None, safe_mode: bool = True) -> "ModelPayload":
+        objs = dict(custom_objects or {})
+        return cls(
+            archive=archive,
+            custom_objects_blob=_cloudpickle().dumps(objs) if objs else b"",
+            safe_mode=safe_mode,
+            digest=architecture_digest(archive, objs),
+        )
+
+    def custom_objects(self) -> dict[str, Any]:
+        return _cloudpickle().loads(self.custom_objects_blob) if self.custom_objects_blob else {}
+
+
+def _cloudpickle():
+    try:
+        from pyspark import cloudpickle
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        import cloudpickle
+    return cloudpickle
 
 
 def architecture_digest(archive: bytes, custom_objects: dict[str, Any]) -> str:
@@ -113,7 +135,7 @@ def load_archive(payload: ModelPayload) -> Any:
         with open(path, "wb") as f:
             f.write(payload.archive)
         model = keras.saving.load_model(
-            path, custom_objects=dict(payload.custom_objects), compile=True, safe_mode=payload.safe_mode
+            path, custom_objects=payload.custom_objects(), compile=True, safe_mode=payload.safe_mode
         )
     if model.optimizer is None:
         raise ModelError("the rebuilt model has no optimizer (was it compiled before saving?)")
@@ -130,7 +152,7 @@ def serialize_model(model: Any, custom_objects: dict[str, Any] | None = None, sa
     except Exception as exc:  # noqa: BLE001 - report any save failure uniformly
         raise ModelError(f"model {model.name!r} cannot be serialized: {type(exc).__name__}: {exc}") from exc
     objs = {**_referenced_custom_objects(archive), **(custom_objects or {})}
-    payload = ModelPayload(archive=archive, custom_objects=objs, safe_mode=safe_mode)
+    payload = ModelPayload.create(archive, objs, safe_mode)
     try:
         clone = load_archive(payload)
     except Exception as exc:  # noqa: BLE001
@@ -196,10 +218,14 @@ def set_metric_state(model: Any, arrays: list[np.ndarray]) -> None:
 
 
 def metrics_result(model: Any) -> dict[str, float]:
-    """``model.get_metrics_result()`` as plain floats (the same logs Keras' fit reports)."""
+    """``model.get_metrics_result()`` as plain floats (the same logs Keras' fit reports),
+    ordered like ``model.metrics_names`` (loss first), as ``model.evaluate`` lists them."""
+    raw = model.get_metrics_result()
+    order = [k for k in getattr(model, "metrics_names", []) if k in raw]
+    order += [k for k in raw if k not in order]
     out = {}
-    for k, v in model.get_metrics_result().items():
-        arr = np.asarray(v)
+    for k in order:
+        arr = np.asarray(raw[k])
         out[k] = float(arr) if arr.ndim == 0 else arr.tolist()
     return out
 

@@ -1,0 +1,70 @@
+import os
+import sys
+
+# Executors must run this interpreter (it has keras); set before any JVM starts.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("sparkdl_train-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "2")
+        # small Arrow batches so the streaming/rebatching path is exercised
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def sc(spark):
+    return spark.sparkContext
+
+
+@pytest.fixture(scope="session")
+def digits():
+    """sklearn's bundled digits (no download), scaled, with a fixed train/test split."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype("float32")
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(len(x))
+    x, y = x[perm], y[perm].astype("int64")
+    cut = int(0.8 * len(x))
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+def make_mlp(seed=0, inputs=64, classes=10, lr=0.003):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((inputs,), name="pixels"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(classes, activation="softmax"),
+        ]
+    )
+    model.compile(keras.optimizers.Adam(lr), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+@pytest.fixture
+def mlp():
+    return make_mlp
