@@ -6,6 +6,8 @@ object. Each is called once per partition with a stream of chunks.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
@@ -51,6 +53,16 @@ class StepSettings:
     threads: int | None = None
 
 
+def _info(samples: int, steps: int, start: float) -> dict[str, Any]:
+    return {
+        "samples": samples,
+        "batches": steps,
+        "seconds": round(time.perf_counter() - start, 4),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+
+
 def _model(payload: Ref, state: Ref, settings: StepSettings) -> Any:
     runtime.prepare_process(settings.threads)
     model = runtime.get_model(payload.value)
@@ -75,7 +87,7 @@ class TrainEpochTask:
         rng = np.random.default_rng([s.seed, self.epoch, partition])
         batches = rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng)
         samples, steps = run_steps(model, batches, training=True)
-        info = {"samples": samples, "batches": steps, "seconds": round(time.perf_counter() - start, 4)}
+        info = _info(samples, steps, start)
         if samples == 0:
             return Partial(partitions={partition: info})
         return Partial(
@@ -101,7 +113,7 @@ class EvaluateTask:
         model.reset_metrics()
         batches = rebatch(chunks, self.settings.batch_size)
         samples, steps = run_steps(model, batches, training=False)
-        info = {"samples": samples, "batches": steps, "seconds": round(time.perf_counter() - start, 4)}
+        info = _info(samples, steps, start)
         metrics = get_metric_state(model) if samples else None
         return Partial(samples=samples, batches=steps, metrics=metrics, partitions={partition: info})
 

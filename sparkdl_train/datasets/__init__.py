@@ -1,0 +1,1 @@
+"""Synthetic datasets with planted ground truth."""

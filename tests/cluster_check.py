@@ -1,0 +1,78 @@
+"""Run by test_local_cluster.py in its own process: SparkModel on local-cluster
+(separate executor JVMs and Python workers). Prints one JSON line of numbers."""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+
+from conftest import make_mlp  # noqa: E402
+from sparkdl_train import SparkModel, to_simple_rdd  # noqa: E402
+
+
+def main(master: str) -> None:
+    from sklearn.datasets import load_digits
+
+    spark = (
+        SparkSession.builder.master(master)
+        .config("spark.ui.enabled", "false")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "128")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype("float32")
+    perm = np.random.default_rng(0).permutation(len(x))
+    x, y = x[perm], y[perm]
+    cut = int(0.8 * len(x))
+    xt, yt, x, y = x[cut:], y[cut:], x[:cut], y[:cut]
+    epochs = 12
+
+    ref = make_mlp()
+    ref.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
+    ref_acc = ref.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+
+    df = spark.createDataFrame(pd.DataFrame({"id": np.arange(len(x)), "features": list(x.astype("float64")), "label": y.astype("float64")})).repartition(2)
+    model = make_mlp()
+    sm = SparkModel(model, num_workers=2)
+    hist = sm.fit(df, epochs=epochs, batch_size=32, verbose=0)
+    acc = model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+    pids = sorted({(i["host"], i["pid"]) for e in sm.stats.epochs for i in e.partitions.values()})
+
+    pred = sorted(sm.predict(df, batch_size=100).select("id", "prediction").collect())
+    got = np.array([r.prediction for r in pred], dtype=np.float32)
+    pred_diff = float(np.abs(got - model.predict(x, verbose=0)).max())
+
+    dist_eval = sm.evaluate(df, return_dict=True)
+    local_eval = model.evaluate(x, y, verbose=0, return_dict=True)
+
+    rdd_model = make_mlp()
+    SparkModel(rdd_model, num_workers=2).fit(to_simple_rdd(spark.sparkContext, x, y), epochs=3, batch_size=32, verbose=0)
+    rdd_acc = rdd_model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+
+    print("RESULT " + json.dumps({
+        "ref_acc": ref_acc,
+        "acc": acc,
+        "epochs": len(hist.history["loss"]),
+        "worker_processes": [list(p) for p in pids],
+        "driver_pid": os.getpid(),
+        "pred_max_abs_diff": pred_diff,
+        "eval_loss": dist_eval["loss"],
+        "local_loss": local_eval["loss"],
+        "eval_acc": dist_eval["accuracy"],
+        "local_acc": local_eval["accuracy"],
+        "rdd_acc": rdd_acc,
+    }))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "local-cluster[2,1,2048]")

@@ -1,0 +1,42 @@
+"""SparkModel on local-cluster[2,1,2048]: two executor JVMs, each with its own Python workers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def result():
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "cluster_check.py"), "local-cluster[2,1,2048]"],
+        capture_output=True, text=True, timeout=900, env=env,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_training_runs_in_separate_executor_processes(result):
+    pids = {pid for _, pid in result["worker_processes"]}
+    assert len(pids) >= 2 and result["driver_pid"] not in pids
+
+
+def test_accuracy_within_two_points_of_single_process(result):
+    assert result["ref_acc"] > 0.93
+    assert result["acc"] >= result["ref_acc"] - 0.02, result
+    assert result["epochs"] == 12
+    assert result["rdd_acc"] > 0.8
+
+
+def test_predict_and_evaluate_equal_single_process(result):
+    assert result["pred_max_abs_diff"] < 1e-5
+    assert result["eval_loss"] == pytest.approx(result["local_loss"], rel=1e-4)
+    assert result["eval_acc"] == pytest.approx(result["local_acc"], abs=1e-6)
