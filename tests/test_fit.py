@@ -272,3 +272,24 @@ def test_second_fit_in_same_session_continues_from_trained_weights(sc, digits):
     second = sm.fit(rdd, epochs=2, batch_size=32, verbose=0).history["loss"]
     assert second[0] < first[0]
     assert model.optimizer.iterations.numpy() > 0
+
+
+def test_callbacks_get_aggregated_epoch_logs_and_can_stop_training(digits):
+    x, y, xt, yt = digits
+
+    class StopAfterTwo(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seen.append((epoch, sorted(logs)))
+            if epoch == 1:
+                self.model.stop_training = True
+
+    cb = StopAfterTwo()
+    model = make_mlp()
+    hist = SparkModel(model, num_workers=2).fit(ArrayAdapter(x, y), epochs=10, batch_size=64, verbose=0, validation_data=(xt, yt), callbacks=[cb])
+    assert len(hist.history["loss"]) == 2
+    assert cb.seen == [(0, ["accuracy", "loss", "val_accuracy", "val_loss"]), (1, ["accuracy", "loss", "val_accuracy", "val_loss"])]
+    assert cb.model is model
