@@ -66,6 +66,28 @@ def _compile(model: keras.Model, learning_rate: float) -> keras.Model:
     return model
 
 
+def _ctr_model(
+    name: str,
+    with_fm: bool,
+    vocab_size: int,
+    n_dense: int,
+    n_fields: int,
+    embed_dim: int,
+    hidden: Sequence[int],
+    learning_rate: float,
+) -> keras.Model:
+    numeric, categorical = _inputs(n_dense, n_fields)
+    emb = keras.layers.Embedding(vocab_size, embed_dim, name="field_embedding")(categorical)
+    lin_cat, lin_num = _first_order(numeric, categorical, vocab_size)
+    deep_in = keras.layers.Concatenate(name="deep_input")([keras.layers.Flatten(name="flat_embedding")(emb), numeric])
+    terms = [lin_cat, lin_num, _mlp(deep_in, hidden, "deep")]
+    if with_fm:
+        terms.append(FMInteraction(name="fm")(emb))
+    logit = keras.layers.Add(name="logit")(terms)
+    out = keras.layers.Activation("sigmoid", name="ctr")(logit)
+    return _compile(keras.Model({"numeric": numeric, "categorical": categorical}, out, name=name), learning_rate)
+
+
 def deepfm(
     vocab_size: int,
     n_dense: int = 13,
@@ -75,15 +97,7 @@ def deepfm(
     learning_rate: float = 1e-3,
 ) -> keras.Model:
     """DeepFM: first-order + FM interactions + MLP over shared field embeddings."""
-    numeric, categorical = _inputs(n_dense, n_fields)
-    emb = keras.layers.Embedding(vocab_size, embed_dim, name="field_embedding")(categorical)
-    lin_cat, lin_num = _first_order(numeric, categorical, vocab_size)
-    fm = FMInteraction(name="fm")(emb)
-    deep_in = keras.layers.Concatenate(name="deep_input")([keras.layers.Flatten(name="flat_embedding")(emb), numeric])
-    deep = _mlp(deep_in, hidden, "deep")
-    logit = keras.layers.Add(name="logit")([lin_cat, lin_num, fm, deep])
-    out = keras.layers.Activation("sigmoid", name="ctr")(logit)
-    return _compile(keras.Model({"numeric": numeric, "categorical": categorical}, out, name="deepfm"), learning_rate)
+    return _ctr_model("deepfm", True, vocab_size, n_dense, n_fields, embed_dim, hidden, learning_rate)
 
 
 def wide_and_deep(
@@ -95,14 +109,7 @@ def wide_and_deep(
     learning_rate: float = 1e-3,
 ) -> keras.Model:
     """Wide & Deep: a linear (wide) part plus an MLP over field embeddings."""
-    numeric, categorical = _inputs(n_dense, n_fields)
-    emb = keras.layers.Embedding(vocab_size, embed_dim, name="field_embedding")(categorical)
-    lin_cat, lin_num = _first_order(numeric, categorical, vocab_size)
-    deep_in = keras.layers.Concatenate(name="deep_input")([keras.layers.Flatten(name="flat_embedding")(emb), numeric])
-    deep = _mlp(deep_in, hidden, "deep")
-    logit = keras.layers.Add(name="logit")([lin_cat, lin_num, deep])
-    out = keras.layers.Activation("sigmoid", name="ctr")(logit)
-    return _compile(keras.Model({"numeric": numeric, "categorical": categorical}, out, name="wide_and_deep"), learning_rate)
+    return _ctr_model("wide_and_deep", False, vocab_size, n_dense, n_fields, embed_dim, hidden, learning_rate)
 
 
 MODELS = {"deepfm": deepfm, "wide_deep": wide_and_deep}

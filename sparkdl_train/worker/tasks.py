@@ -70,6 +70,19 @@ def _model(payload: Ref, state: Ref, settings: StepSettings) -> Any:
     return model
 
 
+def _run_partition(
+    payload: Ref, state: Ref, settings: StepSettings, chunks: Iterable[Batch], training: bool, rng: np.random.Generator | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """Stream one partition through the model's train or test step; metrics accumulate from zero."""
+    start = time.perf_counter()
+    model = _model(payload, state, settings)
+    model.reset_metrics()
+    shuffle = training and settings.shuffle
+    batches = rebatch(chunks, settings.batch_size, shuffle=shuffle, buffer_rows=settings.shuffle_buffer_size, rng=rng)
+    samples, steps = run_steps(model, batches, training=training)
+    return model, _info(samples, steps, start)
+
+
 @dataclass(frozen=True)
 class TrainEpochTask:
     """One epoch of local training from the broadcast state (model averaging)."""
@@ -80,19 +93,14 @@ class TrainEpochTask:
     settings: StepSettings
 
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
-        start = time.perf_counter()
-        model = _model(self.payload, self.state, self.settings)
-        model.reset_metrics()
-        s = self.settings
-        rng = np.random.default_rng([s.seed, self.epoch, partition])
-        batches = rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng)
-        samples, steps = run_steps(model, batches, training=True)
-        info = _info(samples, steps, start)
+        rng = np.random.default_rng([self.settings.seed, self.epoch, partition])
+        model, info = _run_partition(self.payload, self.state, self.settings, chunks, True, rng)
+        samples = info["samples"]
         if samples == 0:
             return Partial(partitions={partition: info})
         return Partial(
             samples=samples,
-            batches=steps,
+            batches=info["batches"],
             model=WeightedMean.of(get_state(model), samples),
             metrics=get_metric_state(model),
             partitions={partition: info},
@@ -108,14 +116,9 @@ class EvaluateTask:
     settings: StepSettings
 
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
-        start = time.perf_counter()
-        model = _model(self.payload, self.state, self.settings)
-        model.reset_metrics()
-        batches = rebatch(chunks, self.settings.batch_size)
-        samples, steps = run_steps(model, batches, training=False)
-        info = _info(samples, steps, start)
-        metrics = get_metric_state(model) if samples else None
-        return Partial(samples=samples, batches=steps, metrics=metrics, partitions={partition: info})
+        model, info = _run_partition(self.payload, self.state, self.settings, chunks, False)
+        metrics = get_metric_state(model) if info["samples"] else None
+        return Partial(samples=info["samples"], batches=info["batches"], metrics=metrics, partitions={partition: info})
 
 
 @dataclass(frozen=True)
