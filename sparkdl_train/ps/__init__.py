@@ -1,0 +1,1 @@
+"""Parameter server hosted on the driver: protocol, update rules, server and executor client."""

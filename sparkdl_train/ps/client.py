@@ -1,0 +1,70 @@
+"""Executor-side client of the parameter server (plain data in, numpy out)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import protocol as P
+
+
+class PSClient:
+    def __init__(self, host: str, port: int, secret: bytes, worker: int, timeout: float = 660.0, connect_timeout: float = 30.0, max_frame_bytes: int = 1 << 34):
+        self.worker = worker
+        self.max_frame_bytes = max_frame_bytes
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        try:
+            self._sock = socket.create_connection((host, port), timeout=connect_timeout)
+        except OSError as exc:
+            raise ConnectionError(f"cannot reach the parameter server at {host}:{port} from this executor: {exc}") from exc
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self._handshake(secret)
+        except BaseException:
+            self._sock.close()
+            raise
+        self._sock.settimeout(timeout)
+
+    def _handshake(self, secret: bytes) -> None:
+        nonce = P.new_nonce().hex()
+        P.send(self._sock, P.Msg.HELLO, {"worker": self.worker, "nonce": nonce})
+        kind, meta, _, _ = P.recv(self._sock, P.PREAUTH_MAX_BYTES)
+        P.expect(P.Msg.CHALLENGE, kind, meta)
+        server_nonce = meta.get("nonce")
+        if not isinstance(server_nonce, str):
+            raise P.ProtocolError("CHALLENGE without a nonce")
+        P.check_proof(P.proof(secret, b"server", nonce.encode(), server_nonce.encode()), meta.get("proof"))
+        P.send(self._sock, P.Msg.AUTH, {"proof": P.proof(secret, b"client", server_nonce.encode(), nonce.encode())})
+        kind, meta, _, _ = P.recv(self._sock, P.PREAUTH_MAX_BYTES)
+        P.expect(P.Msg.AUTH_OK, kind, meta)
+
+    def _call(self, kind: P.Msg, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> tuple[int, list[np.ndarray]]:
+        self.bytes_sent += P.send(self._sock, kind, meta, arrays)
+        got, meta, arrays, n = P.recv(self._sock, self.max_frame_bytes)
+        self.bytes_received += n
+        P.expect(P.Msg.WEIGHTS, got, meta)
+        return int(meta["version"]), arrays
+
+    def pull(self) -> tuple[int, list[np.ndarray]]:
+        return self._call(P.Msg.PULL, {})
+
+    def push(self, delta: Sequence[np.ndarray], base_version: int, samples: int) -> tuple[int, list[np.ndarray]]:
+        """Send a delta; returns the server's weights after applying it (after the round, in sync mode)."""
+        return self._call(P.Msg.PUSH, {"base_version": base_version, "samples": samples}, delta)
+
+    def done(self) -> None:
+        self.bytes_sent += P.send(self._sock, P.Msg.DONE)
+        got, meta, _, _ = P.recv(self._sock, P.PREAUTH_MAX_BYTES)
+        P.expect(P.Msg.ACK, got, meta)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> "PSClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

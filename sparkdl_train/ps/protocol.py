@@ -1,0 +1,132 @@
+"""Wire protocol of the parameter server (pure: sockets in, numpy out; never pickle).
+
+Frame::
+
+    magic b"SDPS" | version u8 | type u8 | reserved u16 | payload length u64 | payload
+
+The payload is a :mod:`sparkdl_train.wire` message (JSON header + raw numpy buffers).
+Frames larger than the receiver's limit are refused before any allocation.
+
+Handshake (mutual, per-fit secret, HMAC-SHA256)::
+
+    client -> HELLO     {worker, client_nonce}
+    server -> CHALLENGE {server_nonce, proof = HMAC(secret, "server" | client_nonce | server_nonce)}
+    client -> AUTH      {proof = HMAC(secret, "client" | server_nonce | client_nonce)}
+    server -> AUTH_OK
+
+Until AUTH_OK the server accepts frames of at most ``PREAUTH_MAX_BYTES``, so an
+unauthenticated peer cannot make it allocate a model-sized buffer.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import os
+import socket
+import struct
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import wire
+
+MAGIC = b"SDPS"
+VERSION = 1
+HEADER = struct.Struct("<4sBBHQ")
+PREAUTH_MAX_BYTES = 4096
+
+
+class Msg(enum.IntEnum):
+    HELLO = 1
+    CHALLENGE = 2
+    AUTH = 3
+    AUTH_OK = 4
+    PULL = 5
+    WEIGHTS = 6
+    PUSH = 7
+    DONE = 8
+    ACK = 9
+    ERROR = 10
+
+
+class ProtocolError(ConnectionError):
+    """A peer sent something malformed, oversized, unauthenticated or unexpected."""
+
+
+class AuthError(ProtocolError):
+    """The peer does not hold this fit's secret."""
+
+
+def new_secret() -> bytes:
+    return os.urandom(32)
+
+
+def new_nonce() -> bytes:
+    return os.urandom(16)
+
+
+def proof(secret: bytes, role: bytes, a: bytes, b: bytes) -> str:
+    return hmac.new(secret, role + b"|" + a + b"|" + b, hashlib.sha256).hexdigest()
+
+
+def check_proof(expected: str, got: Any) -> None:
+    if not isinstance(got, str) or not hmac.compare_digest(expected, got):
+        raise AuthError("authentication failed: wrong secret")
+
+
+def send(sock: socket.socket, mtype: Msg, meta: dict[str, Any] | None = None, arrays: Sequence[np.ndarray] = ()) -> int:
+    """Send one frame; returns the bytes written. Large arrays are not copied."""
+    parts = wire.encode_parts(meta or {}, arrays)
+    length = sum(memoryview(p).nbytes for p in parts)
+    head = HEADER.pack(MAGIC, VERSION, int(mtype), 0, length)
+    small = [p for p in parts if memoryview(p).nbytes < 65536]
+    if len(small) == len(parts):
+        sock.sendall(head + b"".join(bytes(p) for p in parts))
+    else:
+        sock.sendall(head + bytes(parts[0]) + bytes(parts[1]))
+        for p in parts[2:]:
+            sock.sendall(p)
+    return HEADER.size + length
+
+
+def _recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+    pos = 0
+    n = len(view)
+    while pos < n:
+        got = sock.recv_into(view[pos:], n - pos)
+        if got == 0:
+            raise ConnectionError(f"peer closed the connection after {pos} of {n} bytes")
+        pos += got
+
+
+def recv(sock: socket.socket, max_bytes: int) -> tuple[Msg, dict[str, Any], list[np.ndarray], int]:
+    """Receive one frame: ``(type, meta, arrays, bytes read)``; arrays are read-only views."""
+    head = bytearray(HEADER.size)
+    _recv_exact_into(sock, memoryview(head))
+    magic, version, mtype, _, length = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {bytes(magic)!r}: not a sparkdl_train parameter-server peer")
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version}")
+    try:
+        kind = Msg(mtype)
+    except ValueError:
+        raise ProtocolError(f"unknown message type {mtype}") from None
+    if length > max_bytes:
+        raise ProtocolError(f"frame of {length} bytes exceeds the limit of {max_bytes}")
+    buf = bytearray(length)
+    _recv_exact_into(sock, memoryview(buf))
+    try:
+        meta, arrays = wire.decode(buf)
+    except wire.FrameError as exc:
+        raise ProtocolError(f"malformed payload: {exc}") from None
+    return kind, meta, arrays, HEADER.size + length
+
+
+def expect(kind: Msg, got: Msg, meta: dict[str, Any]) -> None:
+    if got == Msg.ERROR:
+        raise ProtocolError(f"server error: {meta.get('error', 'unknown')}")
+    if got != kind:
+        raise ProtocolError(f"expected {kind.name}, got {got.name}")

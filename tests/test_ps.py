@@ -1,0 +1,236 @@
+"""Parameter server without Spark: update rules, protocol hardening, concurrency, shutdown."""
+
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sparkdl_train.ps import protocol as P
+from sparkdl_train.ps.client import PSClient
+from sparkdl_train.ps.server import ParameterServer
+from sparkdl_train.ps.state import RoundTimeout, ServerState
+
+W = [np.zeros((4, 3), np.float32), np.zeros(3, np.float32)]
+
+
+def ones(k=1.0):
+    return [np.full(w.shape, k, np.float32) for w in W]
+
+
+# -- update rules ----------------------------------------------------------------------
+
+def test_async_applies_each_delta_and_records_staleness():
+    s = ServerState(W, "asynchronous")
+    s.begin_epoch(2)
+    s.join(0), s.join(1)
+    v, _ = s.push(0, 0, ones(1), 10)
+    v, w = s.push(1, 0, ones(2), 10)  # based on version 0, applied at version 1: staleness 1
+    assert v == 2 and np.all(w[0] == 3)
+    st = s.stats.as_dict()
+    assert st["updates"] == 2 and st["mean_staleness"] == 0.5 and st["worker_steps"] == {0: 1, 1: 1}
+
+
+def test_async_pull_never_sees_a_half_applied_update():
+    s = ServerState(W, "asynchronous")
+    _, before = s.pull()
+    s.push(0, 0, ones(1), 1)
+    assert np.all(before[0] == 0)  # copy-on-write: the old snapshot is untouched
+
+
+def test_sync_applies_weighted_mean_once_all_workers_pushed():
+    s = ServerState(W, "synchronous", join_timeout=5)
+    s.begin_epoch(2)
+    s.join(0), s.join(1)
+    out = {}
+
+    def push(worker, k, n):
+        out[worker] = s.push(worker, 0, ones(k), n)
+
+    t = threading.Thread(target=push, args=(0, 1.0, 30))
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive()  # waits for worker 1
+    push(1, 4.0, 10)
+    t.join(5)
+    v0, w0 = out[0]
+    assert v0 == out[1][0] == 1
+    np.testing.assert_allclose(w0[0], (1.0 * 30 + 4.0 * 10) / 40)
+    assert s.stats.rounds == 1
+
+
+def test_sync_round_completes_when_the_other_worker_finishes():
+    s = ServerState(W, "synchronous")
+    s.begin_epoch(2)
+    s.join(0), s.join(1)
+    res = []
+    t = threading.Thread(target=lambda: res.append(s.push(0, 0, ones(2), 5)))
+    t.start()
+    time.sleep(0.2)
+    s.leave(1)  # worker 1 ran out of data
+    t.join(5)
+    assert res and np.all(res[0][1][0] == 2)
+
+
+def test_sync_round_times_out_instead_of_hanging():
+    s = ServerState(W, "synchronous", round_timeout=0.5)
+    s.begin_epoch(2)
+    s.join(0), s.join(1)
+    with pytest.raises(RoundTimeout, match="waiting for workers \\[1\\]"):
+        s.push(0, 0, ones(), 1)
+
+
+def test_staleness_bound_makes_a_fast_worker_wait():
+    s = ServerState(W, "asynchronous", staleness_bound=1, round_timeout=5)
+    s.begin_epoch(2)
+    s.join(0), s.join(1)
+    s.push(0, 0, ones(), 1)
+    s.push(0, 1, ones(), 1)  # 2 ahead of worker 1 after this one would exceed... clock 1 vs 0: allowed
+    done = threading.Event()
+    threading.Thread(target=lambda: (s.push(0, 2, ones(), 1), done.set())).start()
+    time.sleep(0.3)
+    assert not done.is_set()  # clock 2 vs 0 > bound 1
+    s.push(1, 0, ones(), 1)
+    assert done.wait(5)
+    assert s.stats.staleness_waits == 1 and s.stats.wait_seconds > 0.2
+
+
+def test_hogwild_adds_in_place_without_losing_updates_sequentially():
+    s = ServerState(W, "hogwild")
+    for i in range(5):
+        s.push(i % 2, i, ones(1), 1)
+    assert np.all(s.snapshot()[0] == 5) and s.stats.updates == 5
+
+
+def test_bad_deltas_are_rejected():
+    s = ServerState(W, "asynchronous")
+    with pytest.raises(ValueError, match="1 arrays, the model has 2"):
+        s.push(0, 0, [np.zeros((4, 3), np.float32)], 1)
+    with pytest.raises(ValueError, match="shape"):
+        s.push(0, 0, [np.zeros((3, 3), np.float32), np.zeros(3, np.float32)], 1)
+    with pytest.raises(ValueError, match="floating"):
+        s.push(0, 0, [np.zeros((4, 3), np.int32), np.zeros(3, np.float32)], 1)
+
+
+# -- protocol over real sockets ------------------------------------------------------------
+
+@pytest.fixture
+def server():
+    srv = ParameterServer(ServerState(W, "asynchronous"), "127.0.0.1", b"k" * 32).start()
+    yield srv
+    srv.stop()
+
+
+def _client(srv, worker=0, secret=b"k" * 32):
+    return PSClient(*srv.address, secret, worker, timeout=10)
+
+
+def test_push_pull_roundtrip_and_byte_counts(server):
+    with _client(server) as c:
+        v, w = c.pull()
+        assert v == 0 and [a.shape for a in w] == [a.shape for a in W]
+        v, w = c.push(ones(0.5), v, 8)
+        assert v == 1 and np.all(w[1] == 0.5)
+        c.done()
+    st = server.state.stats.as_dict()
+    assert st["bytes_in"] >= 60 * 4 and st["bytes_out"] >= 2 * 60  # payload floats both ways
+    assert st["worker_samples"] == {0: 8}
+
+
+def test_wrong_secret_is_refused_and_server_keeps_serving(server):
+    with pytest.raises(P.AuthError):
+        _client(server, secret=b"x" * 32)
+    with _client(server) as c:
+        assert c.pull()[0] == 0
+    assert server.state.stats.rejected_connections == 1
+
+
+def _closed(s):
+    try:
+        return s.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _raw(server):
+    s = socket.create_connection(server.address, timeout=5)
+    return s
+
+
+def test_garbage_truncated_and_oversized_frames_are_rejected(server):
+    s = _raw(server)
+    s.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 20)
+    assert _closed(s)  # closed, nothing served
+    s.close()
+    s = _raw(server)  # pre-auth frame above the 4 KiB limit: refused before allocating
+    s.sendall(P.HEADER.pack(P.MAGIC, P.VERSION, int(P.Msg.HELLO), 0, 1 << 40))
+    assert _closed(s)
+    s.close()
+    s = _raw(server)  # truncated: header promises 100 bytes, sends 10 and hangs up
+    s.sendall(P.HEADER.pack(P.MAGIC, P.VERSION, int(P.Msg.HELLO), 0, 100) + b"0123456789")
+    s.close()
+    s = _raw(server)  # unknown type
+    s.sendall(struct.pack("<4sBBHQ", P.MAGIC, P.VERSION, 99, 0, 0))
+    assert _closed(s)
+    s.close()
+    time.sleep(0.3)
+    with _client(server) as c:
+        assert c.pull()[0] == 0
+    assert server.state.stats.rejected_connections == 4
+
+
+def test_authenticated_but_malformed_push_is_dropped(server):
+    c = _client(server)
+    with pytest.raises(P.ProtocolError, match="shape"):
+        c.push([np.zeros(7, np.float32)] * 2, 0, 1)
+    c.close()
+    with _client(server, 1) as c2:
+        assert c2.pull()[0] == 0
+
+
+def test_concurrent_clients_all_updates_applied(server):
+    errors = []
+
+    def run(worker):
+        try:
+            with _client(server, worker) as c:
+                v, _ = c.pull()
+                for _ in range(20):
+                    v, _ = c.push(ones(1), v, 1)
+                c.done()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert server.state.stats.updates == 120
+    assert np.all(server.state.snapshot()[0] == 120)
+
+
+def test_stop_releases_port_and_threads():
+    srv = ParameterServer(ServerState(W, "synchronous"), "127.0.0.1", b"s" * 32).start()
+    srv.state.begin_epoch(2)
+    c = PSClient(*srv.address, b"s" * 32, 0, timeout=10)
+    result = []
+    t = threading.Thread(target=lambda: result.append(_try(lambda: c.push(ones(), 0, 1))))
+    t.start()
+    time.sleep(0.3)  # worker 0 is blocked in a round waiting for worker 1
+    srv.stop()
+    t.join(5)
+    assert not t.is_alive() and isinstance(result[0], Exception)  # released, not hung
+    assert srv.threads_alive() == 0
+    with pytest.raises(OSError):
+        socket.create_connection(srv.address, timeout=1)
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        return exc
