@@ -34,6 +34,14 @@ class EngineConfig:
     shuffle_buffer_size: int = 16384
     worker_threads: int | None = None
     safe_mode: bool = True
+    # parameter server (modes other than synchronous/epoch)
+    staleness_bound: int | None = None
+    ps_host: str | None = None
+    ps_port: int = 0
+    round_timeout: float = 600.0
+    join_timeout: float = 30.0
+    connect_timeout: float = 30.0
+    idle_timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -49,14 +57,19 @@ class EngineConfig:
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         if isinstance(self.shuffle_buffer_size, bool) or not isinstance(self.shuffle_buffer_size, int) or self.shuffle_buffer_size < 0:
             raise ConfigError(f"shuffle_buffer_size must be an integer >= 0, got {self.shuffle_buffer_size!r}")
-        if self.mode == "allreduce" and self.frequency != "batch" and self.frequency != "epoch":
-            raise ConfigError("mode 'allreduce' averages gradients every step; frequency must be left at its default")
-        implemented = {("synchronous", "epoch")}
-        if (self.mode, self.frequency if isinstance(self.frequency, str) else "n") not in implemented:
-            raise ConfigError(
-                f"mode={self.mode!r} with frequency={self.frequency!r} is not available in this version; "
-                "use mode='synchronous', frequency='epoch' (model averaging once per epoch)"
-            )
+        if self.staleness_bound is not None:
+            if isinstance(self.staleness_bound, bool) or not isinstance(self.staleness_bound, int) or self.staleness_bound < 0:
+                raise ConfigError(f"staleness_bound must be an integer >= 0, got {self.staleness_bound!r}")
+            if self.mode != "asynchronous":
+                raise ConfigError(f"staleness_bound applies to mode='asynchronous' only, not {self.mode!r}")
+        if isinstance(self.ps_port, bool) or not isinstance(self.ps_port, int) or not 0 <= self.ps_port < 65536:
+            raise ConfigError(f"ps_port must be in [0, 65535] (0 picks a free port), got {self.ps_port!r}")
+        for name in ("round_timeout", "join_timeout", "connect_timeout", "idle_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.mode == "allreduce":
+            raise ConfigError("mode 'allreduce' is not available in this version (issue 4); use a parameter-server mode")
 
     @classmethod
     def from_spark_conf(cls, conf: Mapping[str, str], **overrides: Any) -> "EngineConfig":
@@ -66,6 +79,12 @@ class EngineConfig:
             "seed": ("seed", int),
             "shuffleBufferSize": ("shuffle_buffer_size", int),
             "worker.threads": ("worker_threads", int),
+            "ps.host": ("ps_host", str),
+            "ps.port": ("ps_port", int),
+            "ps.stalenessBound": ("staleness_bound", int),
+            "ps.roundTimeout": ("round_timeout", float),
+            "ps.connectTimeout": ("connect_timeout", float),
+            "ps.idleTimeout": ("idle_timeout", float),
         }
         values: dict[str, Any] = {}
         for key, (name, conv) in keys.items():

@@ -200,6 +200,14 @@ def set_state(model: Any, arrays: list[np.ndarray]) -> None:
         v.assign(a)
 
 
+def set_optimizer_state(model: Any, arrays: list[np.ndarray]) -> None:
+    variables = model.optimizer.variables
+    if len(variables) != len(arrays):
+        raise ModelError(f"optimizer state has {len(arrays)} arrays but the optimizer has {len(variables)} variables")
+    for v, a in zip(variables, arrays):
+        v.assign(a)
+
+
 def get_metric_state(model: Any) -> list[np.ndarray]:
     return [np.asarray(v.numpy()) for v in model.metrics_variables]
 

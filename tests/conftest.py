@@ -24,6 +24,9 @@ def spark():
         # small Arrow batches so the streaming/rebatching path is exercised
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
         .config("spark.driver.memory", "2g")
+        # keep every socket (Spark's and the parameter server's) on loopback
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -1,23 +1,36 @@
-"""The synchronous, once-per-epoch model-averaging engine.
+"""Training engines: how an epoch's work is run and merged.
 
-Each epoch the driver broadcasts its state (weights and optimizer slots); every
-partition trains one local epoch from it; Spark merges the workers' results
-with ``treeReduce`` (sample-weighted mean of the state, sum of metric state),
-and the driver adopts the mean. An empty partition contributes nothing and is
-reported; it never drags the average towards the starting point.
+* :class:`AveragingEngine` (``mode='synchronous', frequency='epoch'``): the
+  driver broadcasts its state (weights and optimizer slots); every partition
+  trains one local epoch from it; Spark merges the results with ``treeReduce``
+  (sample-weighted mean of the state, sum of metric state) and the driver adopts
+  the mean. No server is needed.
+* :class:`ParameterServerEngine` (every other PS mode/frequency): a parameter
+  server runs in the driver for the whole fit; workers pull weights, train, and
+  push weight deltas every N steps (or once per partition); the server merges
+  them by the mode's rule (:mod:`sparkdl_train.ps.state`).
+
+In both, an empty partition contributes nothing and is reported; it never
+drags the average towards the starting point.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
+import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from ..config import EngineConfig
 from ..data.adapters import DataAdapter
 from ..errors import DataError
 from ..merge import Partial
-from ..model_io import metrics_result, set_metric_state, set_state
+from ..model_io import metrics_result, set_metric_state, set_optimizer_state, set_state
+from ..ps.server import ParameterServer
+from ..ps.state import ServerState
+from ..worker.ps_task import PSSettings, PSTrainTask
 from ..worker.tasks import EvaluateTask, StepSettings, TrainEpochTask
 from .session import SharedRefs
 
@@ -43,11 +56,17 @@ class FitStats:
     epochs: list[EpochStats] = field(default_factory=list)
     num_workers: int = 0
     worker_threads: int | None = None
+    mode: str = "synchronous"
+    frequency: str | int = "epoch"
+    server: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "num_workers": self.num_workers,
             "worker_threads": self.worker_threads,
+            "mode": self.mode,
+            "frequency": self.frequency,
+            "server": self.server,
             "epochs": [
                 {
                     "epoch": e.epoch,
@@ -77,19 +96,12 @@ def evaluate_logs(model: Any, adapter: DataAdapter, refs: SharedRefs, settings: 
     return metrics_result(model)
 
 
-def train_one_epoch(
-    model: Any,
-    train: DataAdapter,
-    refs: SharedRefs,
-    settings: StepSettings,
-    epoch: int,
-    epochs: int,
-) -> tuple[dict[str, float], EpochStats]:
+def run_epoch(model: Any, train: DataAdapter, refs: SharedRefs, make_task: Callable[[Any, Any], Any], epoch: int, epochs: int) -> tuple[Partial, EpochStats]:
+    """Broadcast the driver's state, run ``make_task(payload_ref, state_ref)`` on every partition, merge."""
     start = time.perf_counter()
     state = refs.state_ref(train, model, include_optimizer=True)
     try:
-        task = TrainEpochTask(refs.payload_ref(train), state, epoch, settings)
-        partial: Partial = train.map_reduce(task, f"sparkdl_train fit: epoch {epoch + 1}/{epochs}")
+        partial: Partial = train.map_reduce(make_task(refs.payload_ref(train), state), f"sparkdl_train fit: epoch {epoch + 1}/{epochs}")
     finally:
         train.unshare(state)
     n_parts = train.num_partitions()
@@ -101,9 +113,6 @@ def train_one_epoch(
             "epoch %d: %d of %d partitions were empty (%s); they did not take part in the average",
             epoch + 1, len(empty), n_parts, empty[:10],
         )
-    set_state(model, partial.model.result())
-    set_metric_state(model, partial.metrics)
-    logs = metrics_result(model)
     stats = EpochStats(
         epoch=epoch,
         samples=partial.samples,
@@ -112,4 +121,73 @@ def train_one_epoch(
         partitions=dict(sorted(partial.partitions.items())),
         empty_partitions=empty,
     )
-    return logs, stats
+    return partial, stats
+
+
+class AveragingEngine:
+    """Synchronous model averaging once per epoch, merged by Spark itself."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+
+    def __enter__(self) -> "AveragingEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def server_stats(self) -> dict[str, Any] | None:
+        return None
+
+    def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int):
+        partial, stats = run_epoch(model, train, refs, lambda p, s: TrainEpochTask(p, s, epoch, settings), epoch, epochs)
+        set_state(model, partial.model.result())
+        set_metric_state(model, partial.metrics)
+        return metrics_result(model), stats
+
+
+class ParameterServerEngine:
+    """A driver-hosted parameter server for the duration of one fit."""
+
+    def __init__(self, config: EngineConfig, model: Any, host: str, workers: int):
+        self.config = config
+        self.workers = workers
+        self.secret = secrets.token_bytes(32)
+        self.state = ServerState(
+            [w.numpy() for w in model.weights],
+            config.mode,
+            staleness_bound=config.staleness_bound,
+            round_timeout=config.round_timeout,
+            join_timeout=config.join_timeout,
+        )
+        self.server = ParameterServer(self.state, host, self.secret, port=config.ps_port, idle_timeout=config.idle_timeout)
+        freq = config.frequency
+        self.every = None if freq == "epoch" else 1 if freq == "batch" else int(freq)
+
+    def __enter__(self) -> "ParameterServerEngine":
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.stop()
+
+    def server_stats(self) -> dict[str, Any]:
+        return self.state.stats.as_dict()
+
+    def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int):
+        host, port = self.server.address
+        ps = PSSettings(host, port, self.secret, self.every, timeout=self.config.round_timeout + 60, connect_timeout=self.config.connect_timeout)
+        self.state.begin_epoch(train.num_partitions())
+        partial, stats = run_epoch(model, train, refs, lambda p, s: PSTrainTask(p, s, epoch, settings, ps), epoch, epochs)
+        model.set_weights(self.state.snapshot())
+        if partial.model.sums is not None:
+            set_optimizer_state(model, partial.model.result())
+        set_metric_state(model, partial.metrics)
+        return metrics_result(model), stats
+
+
+def make_engine(config: EngineConfig, model: Any, sc: Any, workers: int):
+    if config.mode == "synchronous" and config.frequency == "epoch":
+        return AveragingEngine(config)
+    host = config.ps_host or (sc.getConf().get("spark.driver.host") if sc is not None else None) or socket.gethostname()
+    return ParameterServerEngine(config, model, host, workers)

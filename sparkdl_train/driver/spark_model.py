@@ -11,7 +11,7 @@ from ..data.output import output_columns
 from ..errors import ConfigError, DataError
 from ..model_io import ModelPayload, check_compiled, serialize_model
 from ..worker.tasks import PredictTask, StepSettings
-from .engine import FitStats, evaluate_logs, train_one_epoch
+from .engine import FitStats, evaluate_logs, make_engine
 from .inputs import make_adapter
 from .progress import EpochProgress
 from .session import SharedRefs
@@ -30,9 +30,12 @@ class SparkModel:
 
     Args:
         model: a compiled, built ``keras.Model`` (Sequential, functional or subclassed).
-        mode: how workers' updates merge; see the README. This version runs
-            ``'synchronous'`` with ``frequency='epoch'`` (model averaging).
-        frequency: ``'epoch'``, ``'batch'`` or a number of batches.
+        mode: how workers' updates merge: ``'synchronous'``, ``'asynchronous'`` or
+            ``'hogwild'`` (see the README for each rule).
+        frequency: when workers send updates: ``'epoch'`` (once per partition
+            pass), ``'batch'`` (every step) or a number of steps N.
+        staleness_bound: ``mode='asynchronous'`` only: a worker more than this many
+            pushes ahead of the slowest waits (bounded staleness).
         num_workers: training partitions (default: the cluster's default parallelism).
         custom_objects: custom layers/losses/metrics the model uses.
         seed: seeds shuffling and the validation split.
@@ -56,6 +59,7 @@ class SparkModel:
         shuffle_buffer_size: int | None = None,
         worker_threads: int | None = None,
         safe_mode: bool = True,
+        staleness_bound: int | None = None,
     ):
         check_compiled(model)
         self._model = model
@@ -67,6 +71,7 @@ class SparkModel:
             shuffle_buffer_size=shuffle_buffer_size,
             worker_threads=worker_threads,
             safe_mode=safe_mode,
+            staleness_bound=staleness_bound,
         )
         self.config = EngineConfig(**{k: v for k, v in self._overrides.items() if v is not None})
         self.custom_objects = dict(custom_objects or {})
@@ -140,7 +145,8 @@ class SparkModel:
             threads=self._threads(train, workers),
         )
         eval_settings = StepSettings(batch_size=fit_cfg.batch_size, threads=settings.threads)
-        self.stats = FitStats(num_workers=workers, worker_threads=settings.threads)
+        self.stats = FitStats(num_workers=workers, worker_threads=settings.threads, mode=engine.mode, frequency=engine.frequency)
+        runner = make_engine(engine, model, _spark_context(train), workers)
         cb = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=False, model=model,
             verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None,
@@ -148,30 +154,37 @@ class SparkModel:
         progress = EpochProgress(fit_cfg.epochs, fit_cfg.initial_epoch, enabled=fit_cfg.verbose == 1)
         refs = SharedRefs(payload)
         model.stop_training = False
-        logs: dict[str, Any] = {}
         log.info("fit: %d epochs on %d workers (mode=%s, frequency=%s)", epochs, workers, engine.mode, engine.frequency)
         cb.on_train_begin()
         try:
-            for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
-                cb.on_epoch_begin(epoch)
-                logs, stats = train_one_epoch(model, train, refs, settings, epoch, fit_cfg.epochs)
-                if val is not None:
-                    val_logs = evaluate_logs(
-                        model, val, refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
-                    )
-                    logs.update({f"val_{k}": v for k, v in val_logs.items()})
-                self.stats.epochs.append(stats)
-                progress.update(epoch, logs, stats.samples_per_second)
-                log.info("epoch %d/%d %s (%.0f samples/s)", epoch + 1, fit_cfg.epochs,
-                         " ".join(f"{k}={v:.4g}" for k, v in logs.items() if isinstance(v, float)), stats.samples_per_second)
-                cb.on_epoch_end(epoch, logs)
-                if model.stop_training:
-                    break
+            with runner:  # a parameter server, if the mode has one, lives exactly this long
+                logs = self._run_epochs(runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress)
         finally:
+            self.stats.server = runner.server_stats()
             refs.release()
             progress.close()
         cb.on_train_end(logs)
         return model.history
+
+    def _run_epochs(self, runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress) -> dict[str, Any]:
+        model = self._model
+        logs: dict[str, Any] = {}
+        for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
+            cb.on_epoch_begin(epoch)
+            logs, stats = runner.train_epoch(model, train, refs, settings, epoch, fit_cfg.epochs)
+            if val is not None:
+                val_logs = evaluate_logs(
+                    model, val, refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
+                )
+                logs.update({f"val_{k}": v for k, v in val_logs.items()})
+            self.stats.epochs.append(stats)
+            progress.update(epoch, logs, stats.samples_per_second)
+            log.info("epoch %d/%d %s (%.0f samples/s)", epoch + 1, fit_cfg.epochs,
+                     " ".join(f"{k}={v:.4g}" for k, v in logs.items() if isinstance(v, float)), stats.samples_per_second)
+            cb.on_epoch_end(epoch, logs)
+            if model.stop_training:
+                break
+        return logs
 
     def evaluate(
         self,

@@ -1,0 +1,99 @@
+"""Parameter-server engine end to end on local[2]: every mode x frequency learns, stats, cleanup, failures."""
+
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sparkdl_train import ConfigError, SparkModel, WorkerError, to_simple_rdd
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from conftest import make_mlp  # noqa: E402
+
+EPOCHS = 12
+
+
+def ps_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("sparkdl_train-ps")]
+
+
+@pytest.fixture(scope="module")
+def reference_accuracy(digits):
+    x, y, xt, yt = digits
+    ref = make_mlp()
+    ref.fit(x, y, epochs=EPOCHS, batch_size=32, verbose=0)
+    return ref.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "asynchronous", "hogwild"])
+@pytest.mark.parametrize("frequency", ["epoch", "batch", 4])
+def test_every_mode_and_frequency_within_three_points(sc, digits, reference_accuracy, mode, frequency):
+    x, y, xt, yt = digits
+    model = make_mlp()
+    sm = SparkModel(model, mode=mode, frequency=frequency, num_workers=2)
+    hist = sm.fit(to_simple_rdd(sc, x, y), epochs=EPOCHS, batch_size=32, verbose=0)
+    acc = model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+    assert acc >= reference_accuracy - 0.03, (mode, frequency, acc, reference_accuracy)
+    assert len(hist.history["loss"]) == EPOCHS and hist.history["loss"][-1] < hist.history["loss"][0]
+    stats = sm.stats.as_dict()
+    assert stats["mode"] == mode and stats["frequency"] == frequency
+    if mode == "synchronous" and frequency == "epoch":
+        assert stats["server"] is None  # merged by Spark's treeReduce, no server
+        return
+    server = stats["server"]
+    steps_per_worker = [-(-n // 32) for n in (len(x) // 2, len(x) - len(x) // 2)]
+    pushes = {"epoch": [1, 1], "batch": steps_per_worker, 4: [-(-s // 4) for s in steps_per_worker]}[frequency]
+    assert server["updates"] == EPOCHS * sum(pushes)
+    assert server["worker_steps"] == {0: EPOCHS * pushes[0], 1: EPOCHS * pushes[1]}
+    assert server["worker_samples"] == {0: EPOCHS * (len(x) // 2), 1: EPOCHS * (len(x) - len(x) // 2)}
+    n_params = model.count_params()
+    # every push carries a full float32 delta and gets the weights back
+    assert server["bytes_in"] >= server["updates"] * n_params * 4
+    assert server["bytes_out"] >= server["updates"] * n_params * 4
+    if mode == "synchronous":
+        assert server["rounds"] == EPOCHS * max(pushes) and server["mean_staleness"] == 0
+    assert ps_threads() == []  # server threads gone after fit
+
+
+def test_staleness_bound_is_recorded(sc, digits):
+    x, y, _, _ = digits
+    # a skewed split: worker 0 has 4x the data, so without waiting it would run far ahead
+    rows = list(zip(x, y))
+    cut = len(rows) * 4 // 5
+    rdd = sc.parallelize(range(2), 2).flatMap(lambda i: rows[:cut] if i == 0 else rows[cut:])
+    sm = SparkModel(make_mlp(), mode="asynchronous", frequency="batch", num_workers=2, staleness_bound=2)
+    sm.fit(rdd, epochs=1, batch_size=32, verbose=0)
+    st = sm.stats.server
+    assert st["updates"] == -(-cut // 32) + -(-(len(rows) - cut) // 32)
+    assert st["max_staleness"] >= 1
+
+
+def test_ps_config_errors_name_the_argument():
+    with pytest.raises(ConfigError, match="staleness_bound applies to mode='asynchronous'"):
+        SparkModel(make_mlp(), mode="hogwild", staleness_bound=2)
+    with pytest.raises(ConfigError, match="unknown frequency"):
+        SparkModel(make_mlp(), mode="asynchronous", frequency=0)
+
+
+def test_dying_worker_fails_the_fit_fast_with_its_traceback_and_frees_the_server(sc, digits):
+    x, y, _, _ = digits
+    rows = list(zip(x, y))
+
+    def part(i):
+        for k, r in enumerate(rows[i::2]):
+            if i == 1 and k == 300:
+                raise RuntimeError("simulated executor failure in partition 1")
+            yield r
+
+    rdd = sc.parallelize(range(2), 2).flatMap(part)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="simulated executor failure"):
+        SparkModel(make_mlp(), mode="synchronous", frequency="batch", num_workers=2).fit(rdd, epochs=2, batch_size=32, verbose=0)
+    assert time.monotonic() - start < 60  # the surviving worker was not left waiting for a round
+    assert ps_threads() == []
+    # and the next fit works (a fresh server, new port, new secret)
+    model = make_mlp()
+    SparkModel(model, mode="asynchronous", frequency="batch", num_workers=2).fit(to_simple_rdd(sc, x, y), epochs=1, batch_size=32, verbose=0)
+    assert ps_threads() == []
