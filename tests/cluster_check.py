@@ -25,6 +25,8 @@ def main(master: str) -> None:
         .config("spark.ui.enabled", "false")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "128")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -58,7 +60,18 @@ def main(master: str) -> None:
     SparkModel(rdd_model, num_workers=2).fit(to_simple_rdd(spark.sparkContext, x, y), epochs=3, batch_size=32, verbose=0)
     rdd_acc = rdd_model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
 
+    async_model = make_mlp()
+    async_sm = SparkModel(async_model, mode="asynchronous", frequency="batch", num_workers=2)
+    async_sm.fit(df, epochs=epochs, batch_size=32, verbose=0)
+    async_acc = async_model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+    async_server = async_sm.stats.server
+    async_pids = sorted({i["pid"] for e in async_sm.stats.epochs for i in e.partitions.values()})
+
     print("RESULT " + json.dumps({
+        "async_acc": async_acc,
+        "async_updates": async_server["updates"],
+        "async_worker_steps": async_server["worker_steps"],
+        "async_pids": async_pids,
         "ref_acc": ref_acc,
         "acc": acc,
         "epochs": len(hist.history["loss"]),

@@ -40,3 +40,11 @@ def test_predict_and_evaluate_equal_single_process(result):
     assert result["pred_max_abs_diff"] < 1e-5
     assert result["eval_loss"] == pytest.approx(result["local_loss"], rel=1e-4)
     assert result["eval_acc"] == pytest.approx(result["local_acc"], abs=1e-6)
+
+
+def test_asynchronous_per_batch_parameter_server_across_executors(result):
+    assert result["async_acc"] >= result["ref_acc"] - 0.03, result
+    assert len(result["async_pids"]) == 2 and result["driver_pid"] not in result["async_pids"]
+    steps = result["async_worker_steps"]
+    assert len(steps) == 2 and result["async_updates"] == sum(steps.values())
+    assert result["async_updates"] >= 12 * (1437 // 32)  # one push per batch, every epoch

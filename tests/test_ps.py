@@ -26,18 +26,32 @@ def test_async_applies_each_delta_and_records_staleness():
     s = ServerState(W, "asynchronous")
     s.begin_epoch(2)
     s.join(0), s.join(1)
-    v, _ = s.push(0, 0, ones(1), 10)
-    v, w = s.push(1, 0, ones(2), 10)  # based on version 0, applied at version 1: staleness 1
-    assert v == 2 and np.all(w[0] == 3)
+    s.push(0, 0, ones(1), 10)
+    snap = s.push(1, 0, ones(2), 10)  # based on version 0, applied at version 1: staleness 1
+    assert snap.version == 2 and np.all(snap.arrays[0] == 3)
     st = s.stats.as_dict()
     assert st["updates"] == 2 and st["mean_staleness"] == 0.5 and st["worker_steps"] == {0: 1, 1: 1}
 
 
 def test_async_pull_never_sees_a_half_applied_update():
     s = ServerState(W, "asynchronous")
-    _, before = s.pull()
-    s.push(0, 0, ones(1), 1)
-    assert np.all(before[0] == 0)  # copy-on-write: the old snapshot is untouched
+    before = s.pull()  # being sent
+    for k in range(5):
+        s.release(s.push(0, k, ones(1), 1))
+    assert np.all(before.arrays[0] == 0) and before.version == 0  # never recycled while in use
+    s.release(before)
+    assert before.arrays is None  # recycled once released
+
+
+def test_async_steady_state_recycles_buffers():
+    s = ServerState(W, "asynchronous")
+    seen = set()
+    for k in range(10):
+        snap = s.push(0, k, ones(1), 1)
+        seen.add(id(snap.arrays[0]))
+        s.release(snap)
+    assert len(seen) <= 3  # current + at most two free buffer sets, not one allocation per update
+    assert np.all(s.snapshot()[0] == 10)
 
 
 def test_sync_applies_weighted_mean_once_all_workers_pushed():
@@ -55,9 +69,8 @@ def test_sync_applies_weighted_mean_once_all_workers_pushed():
     assert t.is_alive()  # waits for worker 1
     push(1, 4.0, 10)
     t.join(5)
-    v0, w0 = out[0]
-    assert v0 == out[1][0] == 1
-    np.testing.assert_allclose(w0[0], (1.0 * 30 + 4.0 * 10) / 40)
+    assert out[0].version == out[1].version == 1
+    np.testing.assert_allclose(out[0].arrays[0], (1.0 * 30 + 4.0 * 10) / 40)
     assert s.stats.rounds == 1
 
 
@@ -71,7 +84,7 @@ def test_sync_round_completes_when_the_other_worker_finishes():
     time.sleep(0.2)
     s.leave(1)  # worker 1 ran out of data
     t.join(5)
-    assert res and np.all(res[0][1][0] == 2)
+    assert res and np.all(res[0].arrays[0] == 2)
 
 
 def test_sync_round_times_out_instead_of_hanging():

@@ -16,6 +16,7 @@ class PSClient:
         self.max_frame_bytes = max_frame_bytes
         self.bytes_sent = 0
         self.bytes_received = 0
+        self._buffer = P.RecvBuffer()
         try:
             self._sock = socket.create_connection((host, port), timeout=connect_timeout)
         except OSError as exc:
@@ -43,12 +44,14 @@ class PSClient:
 
     def _call(self, kind: P.Msg, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> tuple[int, list[np.ndarray]]:
         self.bytes_sent += P.send(self._sock, kind, meta, arrays)
-        got, meta, arrays, n = P.recv(self._sock, self.max_frame_bytes)
+        got, meta, arrays, n = P.recv(self._sock, self.max_frame_bytes, self._buffer)
         self.bytes_received += n
         P.expect(P.Msg.WEIGHTS, got, meta)
         return int(meta["version"]), arrays
 
     def pull(self) -> tuple[int, list[np.ndarray]]:
+        """The server's version and weights. The arrays are read-only views into this
+        client's receive buffer: valid until its next ``pull``/``push``."""
         return self._call(P.Msg.PULL, {})
 
     def push(self, delta: Sequence[np.ndarray], base_version: int, samples: int) -> tuple[int, list[np.ndarray]]:

@@ -101,8 +101,26 @@ def _recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         pos += got
 
 
-def recv(sock: socket.socket, max_bytes: int) -> tuple[Msg, dict[str, Any], list[np.ndarray], int]:
-    """Receive one frame: ``(type, meta, arrays, bytes read)``; arrays are read-only views."""
+class RecvBuffer:
+    """A receive buffer reused across frames of one connection.
+
+    Touching fresh memory costs more than loopback TCP for large models, so
+    frames land in the same buffer each time. Arrays decoded from a frame are
+    views into it: valid until the next :func:`recv` with the same buffer.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray(0)
+
+    def view(self, n: int) -> memoryview:
+        if n > len(self._buf):
+            self._buf = bytearray(n)
+        return memoryview(self._buf)[:n]
+
+
+def recv(sock: socket.socket, max_bytes: int, buffer: RecvBuffer | None = None) -> tuple[Msg, dict[str, Any], list[np.ndarray], int]:
+    """Receive one frame: ``(type, meta, arrays, bytes read)``; arrays are read-only views
+    (into ``buffer`` when given: valid until its next use)."""
     head = bytearray(HEADER.size)
     _recv_exact_into(sock, memoryview(head))
     magic, version, mtype, _, length = HEADER.unpack(head)
@@ -116,8 +134,8 @@ def recv(sock: socket.socket, max_bytes: int) -> tuple[Msg, dict[str, Any], list
         raise ProtocolError(f"unknown message type {mtype}") from None
     if length > max_bytes:
         raise ProtocolError(f"frame of {length} bytes exceeds the limit of {max_bytes}")
-    buf = bytearray(length)
-    _recv_exact_into(sock, memoryview(buf))
+    buf = buffer.view(length) if buffer is not None else memoryview(bytearray(length))
+    _recv_exact_into(sock, buf)
     try:
         meta, arrays = wire.decode(buf)
     except wire.FrameError as exc:

@@ -96,6 +96,7 @@ class ParameterServer:
                 continue
             except OSError:
                 break
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._conns.add(conn)
             t = threading.Thread(target=self._serve, args=(conn, peer), name=f"sparkdl_train-ps-{peer[1]}", daemon=True)
@@ -155,20 +156,24 @@ class ParameterServer:
 
     def _loop(self, conn: socket.socket, worker: int) -> None:
         state = self.state
+        buffer = P.RecvBuffer()  # a delta is applied before the next frame overwrites it
         while True:
-            kind, meta, arrays, n = P.recv(conn, self.max_frame_bytes)
+            kind, meta, arrays, n = P.recv(conn, self.max_frame_bytes, buffer)
             state.stats.add_bytes(received=n)
             if kind == P.Msg.PULL:
-                version, weights = state.pull()
+                snap = state.pull()
             elif kind == P.Msg.PUSH:
                 base, samples = meta.get("base_version"), meta.get("samples")
                 if not isinstance(base, int) or not isinstance(samples, int) or samples < 0:
                     raise P.ProtocolError("PUSH needs integer base_version and samples")
-                version, weights = state.push(worker, base, arrays, samples)
+                snap = state.push(worker, base, arrays, samples)
             elif kind == P.Msg.DONE:
                 state.leave(worker)
                 state.stats.add_bytes(sent=P.send(conn, P.Msg.ACK))
                 return
             else:
                 raise P.ProtocolError(f"unexpected {kind.name} from worker {worker}")
-            state.stats.add_bytes(sent=P.send(conn, P.Msg.WEIGHTS, {"version": version}, weights))
+            try:
+                state.stats.add_bytes(sent=P.send(conn, P.Msg.WEIGHTS, {"version": snap.version}, snap.arrays))
+            finally:
+                state.release(snap)

@@ -8,8 +8,9 @@ Keras optimizer):
   pushed; the server applies the sample-weighted **mean** of the round's deltas
   (model averaging every N steps) and releases all of them with the new weights.
 * ``asynchronous``: each delta is applied on arrival under a lock (ASGD /
-  GEO-style); weights are replaced copy-on-write, so a pull never sees a
-  half-applied update. Optional bounded staleness (SSP): a worker more than
+  GEO-style) into a new snapshot, so a pull never sees a half-applied update.
+  Snapshots are reference-counted while being sent and their buffers recycled,
+  so steady-state updates allocate no memory. Optional bounded staleness (SSP): a worker more than
   ``staleness_bound`` pushes ahead of the slowest worker waits.
 * ``hogwild``: each delta is added in place with no lock; pulls may observe a
   partly applied update (lock-free, Hogwild!-style).
@@ -74,6 +75,20 @@ class PSStats:
         }
 
 
+class Snapshot:
+    """One version of the weights. ``users`` counts senders still reading it."""
+
+    __slots__ = ("version", "arrays", "users")
+
+    def __init__(self, version: int, arrays: list[np.ndarray]):
+        self.version = version
+        self.arrays = arrays
+        self.users = 0
+
+
+_MAX_FREE_BUFFERS = 2
+
+
 class ServerState:
     def __init__(
         self,
@@ -89,11 +104,11 @@ class ServerState:
         self.staleness_bound = staleness_bound
         self.round_timeout = round_timeout
         self.join_timeout = join_timeout
-        self._weights = [np.array(w, copy=True) for w in weights]
-        self.shapes = [w.shape for w in self._weights]
-        self.dtypes = [w.dtype for w in self._weights]
-        self.nbytes = sum(w.nbytes for w in self._weights)
-        self._version = 0
+        self._current = Snapshot(0, [np.array(w, copy=True) for w in weights])
+        self._free: list[list[np.ndarray]] = []
+        self.shapes = [w.shape for w in self._current.arrays]
+        self.dtypes = [w.dtype for w in self._current.arrays]
+        self.nbytes = sum(w.nbytes for w in self._current.arrays)
         self._hog_versions = itertools.count(1)
         self._cond = threading.Condition()
         self.stats = PSStats()
@@ -142,17 +157,40 @@ class ServerState:
     # -- reads -----------------------------------------------------------------------
     @property
     def version(self) -> int:
-        return self._version
+        return self._current.version
 
-    def pull(self) -> tuple[int, list[np.ndarray]]:
-        if self.mode == "hogwild":
-            return self._version, self._weights  # live arrays: lock-free reads may be torn
+    def pull(self) -> Snapshot:
+        """The current weights; hand the snapshot back with :meth:`release` once sent."""
         with self._cond:
-            return self._version, self._weights  # copy-on-write: this list is never mutated
+            snap = self._current
+            snap.users += 1
+            return snap
+
+    def release(self, snap: Snapshot) -> None:
+        with self._cond:
+            snap.users -= 1
+            self._recycle(snap)
 
     def snapshot(self) -> list[np.ndarray]:
+        """A private copy of the current weights."""
         with self._cond:
-            return [w.copy() for w in self._weights]
+            return [w.copy() for w in self._current.arrays]
+
+    # -- snapshots (caller holds the lock) -----------------------------------------------
+    def _recycle(self, snap: Snapshot) -> None:
+        if snap is not self._current and snap.users == 0 and snap.arrays is not None:
+            if len(self._free) < _MAX_FREE_BUFFERS:
+                self._free.append(snap.arrays)
+            snap.arrays = None
+
+    def _apply(self, update: Sequence[np.ndarray]) -> None:
+        """Publish ``current + update`` as a new snapshot, reusing a free buffer set."""
+        old = self._current
+        out = self._free.pop() if self._free else [np.empty_like(w) for w in old.arrays]
+        for w, u, o in zip(old.arrays, update, out):
+            np.add(w, u, out=o, casting="same_kind")
+        self._current = Snapshot(old.version + 1, out)
+        self._recycle(old)
 
     # -- updates ---------------------------------------------------------------------
     def check_delta(self, delta: Sequence[np.ndarray]) -> None:
@@ -164,7 +202,8 @@ class ServerState:
             if d.dtype.kind != "f":
                 raise ValueError(f"update array {i} has dtype {d.dtype}; deltas must be floating point")
 
-    def push(self, worker: int, base_version: int, delta: Sequence[np.ndarray], samples: int) -> tuple[int, list[np.ndarray]]:
+    def push(self, worker: int, base_version: int, delta: Sequence[np.ndarray], samples: int) -> Snapshot:
+        """Apply ``delta`` by the mode's rule; returns the weights to send back (then :meth:`release`)."""
         self.check_delta(delta)
         if self.mode == "synchronous":
             return self._push_sync(worker, delta, samples)
@@ -206,21 +245,24 @@ class ServerState:
                     self.stats.staleness_waits += 1
                     self._wait(ready, f"worker {worker} waiting for slower workers (staleness bound {self.staleness_bound})")
                     self.stats.wait_seconds += time.monotonic() - start
-            self._weights = [np.add(w, d, dtype=w.dtype) for w, d in zip(self._weights, delta)]
-            self._version += 1
-            self._count(worker, samples, self._version - 1 - base_version)
+            self._apply(delta)
+            self._count(worker, samples, self._current.version - 1 - base_version)
             self._clock[worker] = self._clock.get(worker, 0) + 1
             self._cond.notify_all()
-            return self._version, self._weights
+            snap = self._current
+            snap.users += 1
+            return snap
 
     def _push_hogwild(self, worker, base_version, delta, samples):
-        for w, d in zip(self._weights, delta):
-            np.add(w, d, out=w, casting="same_kind")
+        snap = self._current  # never replaced in hogwild mode: one set of live arrays
+        for w, d in zip(snap.arrays, delta):
+            np.add(w, d, out=w, casting="same_kind")  # no lock: concurrent adds and reads may interleave
         version = next(self._hog_versions)
-        self._version = max(self._version, version)
-        with self._cond:  # bookkeeping only; the weights above were updated without a lock
+        with self._cond:  # bookkeeping only
+            snap.version = max(snap.version, version)
             self._count(worker, samples, max(0, version - 1 - base_version))
-        return self._version, self._weights
+            snap.users += 1
+            return snap
 
     def _push_sync(self, worker, delta, samples):
         with self._cond:
@@ -232,7 +274,9 @@ class ServerState:
             self._count(worker, samples, 0)
             self._maybe_complete_round()
             self._wait(lambda: self._round > my_round, f"synchronous round {my_round} (waiting for workers {sorted(self._active - self._round_pushed)})")
-            return self._version, self._weights
+            snap = self._current
+            snap.users += 1
+            return snap
 
     def _maybe_complete_round(self) -> None:
         """Caller holds the lock."""
@@ -240,9 +284,7 @@ class ServerState:
             return
         if len(self._joined) < self._expected and time.monotonic() < self._join_deadline:
             return  # workers of this epoch may still be starting
-        mean = self._round_acc.result()
-        self._weights = [np.add(w, m, dtype=w.dtype) for w, m in zip(self._weights, mean)]
-        self._version += 1
+        self._apply(self._round_acc.result())
         self._round += 1
         self.stats.rounds += 1
         self._round_acc = WeightedMean()
