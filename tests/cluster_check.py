@@ -67,7 +67,31 @@ def main(master: str) -> None:
     async_server = async_sm.stats.server
     async_pids = sorted({i["pid"] for e in async_sm.stats.epochs for i in e.partitions.values()})
 
+    # a task that dies on its first attempt: Spark retries it and the retry resumes from
+    # the server's current weights (the failed attempt's pushes already count)
+    rows = list(zip(x, y))
+
+    def flaky(i):
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        for k, r in enumerate(rows[i::2]):
+            if i == 1 and k == 600 and ctx.attemptNumber() == 0:
+                raise RuntimeError("first attempt of partition 1 dies")
+            yield r
+
+    flaky_rdd = spark.sparkContext.parallelize(range(2), 2).flatMap(flaky)
+    retry_model = make_mlp()
+    retry_sm = SparkModel(retry_model, mode="asynchronous", frequency="batch", num_workers=2, shuffle_buffer_size=128)
+    retry_hist = retry_sm.fit(flaky_rdd, epochs=epochs, batch_size=32, verbose=0)
+    retry_acc = retry_model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+    retry_server = retry_sm.stats.server
+
     print("RESULT " + json.dumps({
+        "retry_epochs": len(retry_hist.history["loss"]),
+        "retry_acc": retry_acc,
+        "retry_epoch_samples": [e.samples for e in retry_sm.stats.epochs],
+        "retry_server_samples": retry_server["worker_samples"],
         "async_acc": async_acc,
         "async_updates": async_server["updates"],
         "async_worker_steps": async_server["worker_steps"],

@@ -48,3 +48,12 @@ def test_asynchronous_per_batch_parameter_server_across_executors(result):
     steps = result["async_worker_steps"]
     assert len(steps) == 2 and result["async_updates"] == sum(steps.values())
     assert result["async_updates"] >= 12 * (1437 // 32)  # one push per batch, every epoch
+
+
+def test_task_retry_resumes_from_the_servers_weights(result):
+    n = 1437
+    assert result["retry_epochs"] == 12  # no lost epoch
+    assert result["retry_epoch_samples"] == [n] * 12  # the failed attempt's partial is not counted twice
+    # the server saw the failed attempt's pushes as well as the retry's
+    assert sum(result["retry_server_samples"].values()) > 12 * n
+    assert result["retry_acc"] >= result["ref_acc"] - 0.03, result

@@ -104,7 +104,7 @@ def _tree_reduce(rdd: Any) -> Partial:
 # -- RDD ---------------------------------------------------------------------------
 
 class RDDAdapter(DataAdapter):
-    def __init__(self, rdd: Any, labelled: bool = True, chunk_rows: int = 1024):
+    def __init__(self, rdd: Any, labelled: bool = True, chunk_rows: int = 256):
         self.rdd = rdd
         self.labelled = labelled
         self.chunk_rows = chunk_rows

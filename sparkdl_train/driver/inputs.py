@@ -31,7 +31,7 @@ def make_adapter(
         mapping = resolve_columns(input_infos(model), feature_cols, label_col, sample_weight_col, with_labels=labelled)
         return DataFrameAdapter(data, mapping)
     if is_rdd(data):
-        return RDDAdapter(data, labelled=labelled, chunk_rows=chunk_rows)
+        return RDDAdapter(data, labelled=labelled)
     if isinstance(data, tuple) and labelled and len(data) in (2, 3):
         x, y, *w = data
         arrays = ArrayAdapter(x, np.asarray(y), np.asarray(w[0]) if w else None, chunk_rows=chunk_rows)
