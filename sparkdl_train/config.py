@@ -41,7 +41,7 @@ class EngineConfig:
     round_timeout: float = 600.0
     join_timeout: float = 30.0
     connect_timeout: float = 30.0
-    idle_timeout: float = 1800.0
+    idle_timeout: float = 21600.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -85,6 +85,7 @@ class EngineConfig:
             "ps.roundTimeout": ("round_timeout", float),
             "ps.connectTimeout": ("connect_timeout", float),
             "ps.idleTimeout": ("idle_timeout", float),
+            "ps.joinTimeout": ("join_timeout", float),
         }
         values: dict[str, Any] = {}
         for key, (name, conv) in keys.items():

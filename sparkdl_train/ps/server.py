@@ -25,7 +25,7 @@ class ParameterServer:
         host: str,
         secret: bytes,
         port: int = 0,
-        idle_timeout: float = 1800.0,
+        idle_timeout: float = 21600.0,
         handshake_timeout: float = 10.0,
     ):
         self.state = state
@@ -97,6 +97,7 @@ class ParameterServer:
             except OSError:
                 break
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # notice hosts that vanish
             with self._lock:
                 self._conns.add(conn)
             t = threading.Thread(target=self._serve, args=(conn, peer), name=f"sparkdl_train-ps-{peer[1]}", daemon=True)
