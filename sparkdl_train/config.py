@@ -36,6 +36,7 @@ class EngineConfig:
     safe_mode: bool = True
     # parameter server (modes other than synchronous/epoch)
     staleness_bound: int | None = None
+    delta_scale: float | None = None  # async/hogwild: None -> 1 / workers
     ps_host: str | None = None
     ps_port: int = 0
     round_timeout: float = 600.0
@@ -62,6 +63,11 @@ class EngineConfig:
                 raise ConfigError(f"staleness_bound must be an integer >= 0, got {self.staleness_bound!r}")
             if self.mode != "asynchronous":
                 raise ConfigError(f"staleness_bound applies to mode='asynchronous' only, not {self.mode!r}")
+        if self.delta_scale is not None:
+            if isinstance(self.delta_scale, bool) or not isinstance(self.delta_scale, (int, float)) or not self.delta_scale > 0:
+                raise ConfigError(f"delta_scale must be a positive number, got {self.delta_scale!r}")
+            if self.mode not in ("asynchronous", "hogwild"):
+                raise ConfigError(f"delta_scale applies to modes 'asynchronous' and 'hogwild' only, not {self.mode!r}")
         if isinstance(self.ps_port, bool) or not isinstance(self.ps_port, int) or not 0 <= self.ps_port < 65536:
             raise ConfigError(f"ps_port must be in [0, 65535] (0 picks a free port), got {self.ps_port!r}")
         for name in ("round_timeout", "join_timeout", "connect_timeout", "idle_timeout"):
@@ -82,6 +88,7 @@ class EngineConfig:
             "ps.host": ("ps_host", str),
             "ps.port": ("ps_port", int),
             "ps.stalenessBound": ("staleness_bound", int),
+            "ps.deltaScale": ("delta_scale", float),
             "ps.roundTimeout": ("round_timeout", float),
             "ps.connectTimeout": ("connect_timeout", float),
             "ps.idleTimeout": ("idle_timeout", float),

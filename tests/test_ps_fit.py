@@ -54,6 +54,9 @@ def test_every_mode_and_frequency_within_three_points(sc, digits, reference_accu
     assert server["bytes_out"] >= server["updates"] * n_params * 4
     if mode == "synchronous":
         assert server["rounds"] == EPOCHS * max(pushes) and server["mean_staleness"] == 0
+        assert server["delta_scale"] == 1.0
+    else:
+        assert server["delta_scale"] == pytest.approx(0.5)  # 1 / num_workers
     assert ps_threads() == []  # server threads gone after fit
 
 
@@ -73,6 +76,10 @@ def test_staleness_bound_is_recorded(sc, digits):
 def test_ps_config_errors_name_the_argument():
     with pytest.raises(ConfigError, match="staleness_bound applies to mode='asynchronous'"):
         SparkModel(make_mlp(), mode="hogwild", staleness_bound=2)
+    with pytest.raises(ConfigError, match="delta_scale applies to modes"):
+        SparkModel(make_mlp(), mode="synchronous", frequency="batch", delta_scale=0.5)
+    with pytest.raises(ConfigError, match="delta_scale must be a positive number"):
+        SparkModel(make_mlp(), mode="asynchronous", delta_scale=0)
     with pytest.raises(ConfigError, match="unknown frequency"):
         SparkModel(make_mlp(), mode="asynchronous", frequency=0)
 
@@ -97,3 +104,17 @@ def test_dying_worker_fails_the_fit_fast_with_its_traceback_and_frees_the_server
     model = make_mlp()
     SparkModel(model, mode="asynchronous", frequency="batch", num_workers=2).fit(to_simple_rdd(sc, x, y), epochs=1, batch_size=32, verbose=0)
     assert ps_threads() == []
+
+
+def test_delta_scale_multiplies_what_the_server_applies(sc, digits):
+    """With one worker and no shuffling, each async push is the local step scaled by delta_scale."""
+    x, y, _, _ = digits
+    rdd = to_simple_rdd(sc, x[:64], y[:64], 1)
+    start = make_mlp()
+    w0 = [w.copy() for w in start.get_weights()]
+    ref = make_mlp()  # one local step from the same weights, unscaled
+    ref.fit(x[:64], y[:64], epochs=1, batch_size=64, shuffle=False, verbose=0)
+    SparkModel(start, mode="asynchronous", frequency="batch", num_workers=1, delta_scale=0.25).fit(
+        rdd, epochs=1, batch_size=64, shuffle=False, verbose=0)
+    for a, b, c in zip(start.get_weights(), w0, ref.get_weights()):
+        np.testing.assert_allclose(a - b, 0.25 * (c - b), atol=1e-6)

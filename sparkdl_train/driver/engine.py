@@ -163,6 +163,12 @@ class ParameterServerEngine:
         self.server = ParameterServer(self.state, host, self.secret, port=config.ps_port, idle_timeout=config.idle_timeout)
         freq = config.frequency
         self.every = None if freq == "epoch" else 1 if freq == "batch" else int(freq)
+        # Applied one by one, K full deltas move the model K times as far as one worker would:
+        # by default scale them by 1/K so each update counts as one K-th of an averaged step.
+        if config.mode in ("asynchronous", "hogwild"):
+            self.scale = config.delta_scale if config.delta_scale is not None else 1.0 / workers
+        else:
+            self.scale = 1.0
 
     def __enter__(self) -> "ParameterServerEngine":
         self.server.start()
@@ -172,11 +178,14 @@ class ParameterServerEngine:
         self.server.stop()
 
     def server_stats(self) -> dict[str, Any]:
-        return self.state.stats.as_dict()
+        return {**self.state.stats.as_dict(), "delta_scale": self.scale}
 
     def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int):
         host, port = self.server.address
-        ps = PSSettings(host, port, self.secret, self.every, timeout=self.config.round_timeout + 60, connect_timeout=self.config.connect_timeout)
+        ps = PSSettings(
+            host, port, self.secret, self.every, scale=self.scale,
+            timeout=self.config.round_timeout + 60, connect_timeout=self.config.connect_timeout,
+        )
         self.state.begin_epoch(train.num_partitions())
         partial, stats = run_epoch(model, train, refs, lambda p, s: PSTrainTask(p, s, epoch, settings, ps), epoch, epochs)
         model.set_weights(self.state.snapshot())

@@ -36,6 +36,8 @@ class SparkModel:
             pass), ``'batch'`` (every step) or a number of steps N.
         staleness_bound: ``mode='asynchronous'`` only: a worker more than this many
             pushes ahead of the slowest waits (bounded staleness).
+        delta_scale: asynchronous/hogwild only: factor applied to each pushed delta
+            (default ``1 / num_workers``, so K workers together take one averaged step).
         num_workers: training partitions (default: the cluster's default parallelism).
         custom_objects: custom layers/losses/metrics the model uses.
         seed: seeds shuffling and the validation split.
@@ -60,6 +62,7 @@ class SparkModel:
         worker_threads: int | None = None,
         safe_mode: bool = True,
         staleness_bound: int | None = None,
+        delta_scale: float | None = None,
     ):
         check_compiled(model)
         self._model = model
@@ -72,6 +75,7 @@ class SparkModel:
             worker_threads=worker_threads,
             safe_mode=safe_mode,
             staleness_bound=staleness_bound,
+            delta_scale=delta_scale,
         )
         self.config = EngineConfig(**{k: v for k, v in self._overrides.items() if v is not None})
         self.custom_objects = dict(custom_objects or {})

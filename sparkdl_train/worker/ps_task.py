@@ -24,6 +24,7 @@ class PSSettings:
     port: int
     secret: bytes
     every: int | None  # push every N steps; None: once, at the end of the partition
+    scale: float = 1.0  # multiplies each delta before it is pushed
     timeout: float = 660.0
     connect_timeout: float = 30.0
 
@@ -52,6 +53,9 @@ class PSTrainTask:
             def push(steps: int, samples: int) -> None:
                 local = [np.asarray(v.numpy()) for v in model.weights]
                 delta = [np.subtract(a, b, dtype=a.dtype) for a, b in zip(local, mark["base"])]
+                if ps.scale != 1.0:
+                    for d in delta:
+                        d *= ps.scale
                 version, fresh = client.push(delta, mark["version"], samples - mark["samples"])
                 model.set_weights(fresh)
                 mark.update(version=version, base=fresh, steps=steps, samples=samples, pushes=mark["pushes"] + 1)
