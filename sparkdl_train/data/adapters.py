@@ -161,7 +161,6 @@ class RDDAdapter(DataAdapter):
                     parts = [out[k] for k in keys]
                     yield from zip(*parts)
 
-        self.rdd.context.setLocalProperty("spark.job.description", description)
         return self.rdd.mapPartitions(run)
 
 
@@ -277,7 +276,6 @@ class DataFrameAdapter(DataAdapter):
                     rb = rb.append_column(c.name, c.to_arrow(out))
                 yield rb
 
-        self._sc.setLocalProperty("spark.job.description", description)
         return self.df.mapInArrow(run, schema)
 
 

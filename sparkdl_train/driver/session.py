@@ -30,8 +30,7 @@ class SharedRefs:
         return self._payload_refs[kind]
 
     def state_ref(self, adapter: DataAdapter, model: Any, include_optimizer: bool) -> Any:
-        ref = adapter.share(encode_state(model, include_optimizer))
-        return ref
+        return adapter.share(encode_state(model, include_optimizer))
 
     def release(self) -> None:
         for adapter, ref in self._owned:

@@ -17,7 +17,7 @@ import numpy as np
 from .. import wire
 from ..data.batching import Batch, rebatch
 from ..merge import Partial, WeightedMean
-from ..model_io import ModelPayload, get_metric_state, get_state, set_state
+from ..model_io import get_metric_state, get_state, set_state
 from . import runtime
 from .steps import predict_batches, run_steps
 
