@@ -60,7 +60,7 @@ class DataAdapter(ABC):
         """Run ``task`` on every partition and merge the partials."""
 
     @abstractmethod
-    def predict(self, make_model: Callable[[], Any], predict: Callable[[Any, Any], Any], columns: list, description: str) -> Any:
+    def predict(self, make_model: Callable[[], Any], predict: Callable[[Any, Any], Any], columns: list) -> Any:
         """Predictions as the natural distributed type (DataFrame column(s), RDD of arrays)."""
 
     def unshare(self, ref: Any) -> None:
@@ -108,12 +108,15 @@ class RDDAdapter(DataAdapter):
         self.rdd = rdd
         self.labelled = labelled
         self.chunk_rows = chunk_rows
+        self._partitions: int | None = None
 
     def _like(self, rdd: Any) -> "RDDAdapter":
         return RDDAdapter(rdd, self.labelled, self.chunk_rows)
 
     def num_partitions(self) -> int:
-        return self.rdd.getNumPartitions()
+        if self._partitions is None:  # adapters are immutable: ask Spark once
+            self._partitions = self.rdd.getNumPartitions()
+        return self._partitions
 
     def with_partitions(self, n: int) -> "RDDAdapter":
         current = self.num_partitions()
@@ -146,7 +149,7 @@ class RDDAdapter(DataAdapter):
         with _spark_job(self.rdd.context, description):
             return _tree_reduce(self.rdd.mapPartitionsWithIndex(run))
 
-    def predict(self, make_model, predict, columns, description):
+    def predict(self, make_model, predict, columns):
         chunk_rows = self.chunk_rows
         keys = [c.key for c in columns]
 
@@ -202,6 +205,7 @@ class DataFrameAdapter(DataAdapter):
     def __init__(self, df: Any, mapping: ColumnMapping):
         self.df = df
         self.mapping = mapping
+        self._partitions: int | None = None
         check_schema(df.schema, mapping)
 
     def _like(self, df: Any) -> "DataFrameAdapter":
@@ -212,7 +216,9 @@ class DataFrameAdapter(DataAdapter):
         return self.df.sparkSession.sparkContext
 
     def num_partitions(self) -> int:
-        return self.df.rdd.getNumPartitions()
+        if self._partitions is None:  # adapters are immutable; df.rdd is not free, ask once
+            self._partitions = self.df.rdd.getNumPartitions()
+        return self._partitions
 
     def with_partitions(self, n: int) -> "DataFrameAdapter":
         current = self.num_partitions()
@@ -253,7 +259,7 @@ class DataFrameAdapter(DataAdapter):
         with _spark_job(self._sc, description):
             return _tree_reduce(out.rdd.map(lambda row: Partial.from_bytes(row[0])))
 
-    def predict(self, make_model, predict, columns, description):
+    def predict(self, make_model, predict, columns):
         from pyspark.sql import types as T
 
         existing = set(self.df.columns)
@@ -334,7 +340,7 @@ class ArrayAdapter(DataAdapter):
             total = total.merge(task(pid, self._chunks(lo, hi)))
         return total
 
-    def predict(self, make_model, predict, columns, description):
+    def predict(self, make_model, predict, columns):
         model = make_model()
         outs = [predict(model, chunk[0]) for chunk in self._chunks(0, self.n)]
         return tree_concat(outs) if outs else None

@@ -186,7 +186,7 @@ class ParameterServerEngine:
             host, port, self.secret, self.every, scale=self.scale,
             timeout=self.config.round_timeout + 60, connect_timeout=self.config.connect_timeout,
         )
-        self.state.begin_epoch(train.num_partitions())
+        self.state.begin_epoch(self.workers)
         partial, stats = run_epoch(model, train, refs, lambda p, s: PSTrainTask(p, s, epoch, settings, ps), epoch, epochs)
         model.set_weights(self.state.snapshot())
         if partial.model.sums is not None:

@@ -129,12 +129,12 @@ class SparkModel:
         model = self._model
         payload = self._payload()
         train = self._adapter(data, labelled=True, what="data")
+        engine = self._conf(train)
         val = None
         if validation_data is not None:
             val = self._adapter(validation_data, labelled=True, what="validation_data")
         elif fit_cfg.validation_split:
-            train, val = train.random_split(fit_cfg.validation_split, self._conf().seed)
-        engine = self._conf(train)
+            train, val = train.random_split(fit_cfg.validation_split, engine.seed)
         workers = engine.num_workers or self._default_workers(train)
         train = train.with_partitions(workers)
         self._check_sample(train, "data")
@@ -146,7 +146,7 @@ class SparkModel:
             shuffle=fit_cfg.shuffle,
             shuffle_buffer_size=engine.shuffle_buffer_size,
             seed=engine.seed,
-            threads=self._threads(train, workers),
+            threads=self._threads(train, workers, engine),
         )
         eval_settings = StepSettings(batch_size=fit_cfg.batch_size, threads=settings.threads)
         self.stats = FitStats(num_workers=workers, worker_threads=settings.threads, mode=engine.mode, frequency=engine.frequency)
@@ -209,7 +209,7 @@ class SparkModel:
         payload = self._payload()
         adapter = self._adapter(data, labelled=True, what="data")
         self._check_sample(adapter, "data")
-        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions()))
+        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), self._conf(adapter)))
         refs = SharedRefs(payload)
         try:
             logs = evaluate_logs(self._model, adapter, refs, settings, "sparkdl_train evaluate")
@@ -245,10 +245,10 @@ class SparkModel:
         except Exception as exc:  # noqa: BLE001
             raise DataError(f"the model cannot run on the given features: {type(exc).__name__}: {exc}") from exc
         columns = output_columns(sample_out, prediction_col)
-        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions()))
+        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), self._conf(adapter)))
         refs = SharedRefs(payload)
         task = PredictTask(refs.payload_ref(adapter), refs.state_ref(adapter, self._model, False), settings)
-        return adapter.predict(task.model, task.predict, columns, "sparkdl_train predict")
+        return adapter.predict(task.model, task.predict, columns)
 
     # -- helpers -------------------------------------------------------------------
     def _remember_columns(self, feature_cols: Any, label_col: Any, sample_weight_col: Any) -> None:
@@ -276,10 +276,10 @@ class SparkModel:
         sc = _spark_context(adapter)
         return sc.defaultParallelism if sc is not None else adapter.num_partitions()
 
-    def _threads(self, adapter: DataAdapter, workers: int) -> int | None:
-        explicit = self._conf(adapter).worker_threads
-        if explicit:
-            return explicit
+    @staticmethod
+    def _threads(adapter: DataAdapter, workers: int, engine: EngineConfig) -> int | None:
+        if engine.worker_threads:
+            return engine.worker_threads
         sc = _spark_context(adapter)
         if sc is None:
             return None
