@@ -43,6 +43,8 @@ def parse_args(argv: list[str]) -> dict:
     with open(config_path) as f:
         cfg = json.load(f)
     cfg.update({k: v for k, v in args.items() if v is not None})
+    if cfg.get("mode") == "allreduce" and args.get("frequency") is None:
+        cfg["frequency"] = "batch"  # gradients are averaged every step
     freq = cfg.get("frequency", "epoch")
     cfg["frequency"] = int(freq) if isinstance(freq, str) and freq.isdigit() else freq
     return cfg

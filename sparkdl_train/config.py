@@ -13,6 +13,8 @@ from .errors import ConfigError
 
 MODES = ("synchronous", "asynchronous", "hogwild", "allreduce")
 FREQUENCIES = ("epoch", "batch")
+COMPRESSIONS = (None, "none", "fp16")
+LR_SCALINGS = ("none", "linear", "sqrt")
 CONF_PREFIX = "spark.sparkdl_train."
 
 
@@ -28,7 +30,7 @@ class EngineConfig:
     """How updates from workers are merged (``SparkModel(mode=..., frequency=...)``)."""
 
     mode: str = "synchronous"
-    frequency: str | int = "epoch"
+    frequency: str | int | None = None  # None: "batch" for allreduce, "epoch" otherwise
     num_workers: int | None = None
     seed: int = 0
     shuffle_buffer_size: int = 16384
@@ -43,10 +45,16 @@ class EngineConfig:
     join_timeout: float = 30.0
     connect_timeout: float = 30.0
     idle_timeout: float = 21600.0
+    # allreduce (barrier mode)
+    allreduce_timeout: float = 600.0  # a rank waits at most this long for a peer or the rendezvous
+    compression: str | None = None  # "fp16": gradients cross the wire as float16
+    lr_scaling: str = "none"  # "linear" (x ranks) or "sqrt" applied on the executors
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        if self.frequency is None:
+            object.__setattr__(self, "frequency", "batch" if self.mode == "allreduce" else "epoch")
         freq = self.frequency
         if isinstance(freq, bool) or not (freq in FREQUENCIES or (isinstance(freq, int) and freq > 0)):
             raise ConfigError(
@@ -70,12 +78,21 @@ class EngineConfig:
                 raise ConfigError(f"delta_scale applies to modes 'asynchronous' and 'hogwild' only, not {self.mode!r}")
         if isinstance(self.ps_port, bool) or not isinstance(self.ps_port, int) or not 0 <= self.ps_port < 65536:
             raise ConfigError(f"ps_port must be in [0, 65535] (0 picks a free port), got {self.ps_port!r}")
-        for name in ("round_timeout", "join_timeout", "connect_timeout", "idle_timeout"):
+        for name in ("round_timeout", "join_timeout", "connect_timeout", "idle_timeout", "allreduce_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"unknown compression {self.compression!r}; expected 'fp16' or None")
+        if self.lr_scaling not in LR_SCALINGS:
+            raise ConfigError(f"unknown lr_scaling {self.lr_scaling!r}; expected one of {', '.join(LR_SCALINGS)}")
         if self.mode == "allreduce":
-            raise ConfigError("mode 'allreduce' is not available in this version (issue 4); use a parameter-server mode")
+            if freq != "batch":
+                raise ConfigError(
+                    f"mode 'allreduce' averages gradients every step; frequency must be 'batch', not {freq!r}"
+                )
+        elif self.compression not in (None, "none") or self.lr_scaling != "none":
+            raise ConfigError(f"compression and lr_scaling apply to mode='allreduce' only, not {self.mode!r}")
 
     @classmethod
     def from_spark_conf(cls, conf: Mapping[str, str], **overrides: Any) -> "EngineConfig":
@@ -93,6 +110,9 @@ class EngineConfig:
             "ps.connectTimeout": ("connect_timeout", float),
             "ps.idleTimeout": ("idle_timeout", float),
             "ps.joinTimeout": ("join_timeout", float),
+            "allreduce.timeout": ("allreduce_timeout", float),
+            "allreduce.compression": ("compression", str),
+            "allreduce.lrScaling": ("lr_scaling", str),
         }
         values: dict[str, Any] = {}
         for key, (name, conv) in keys.items():

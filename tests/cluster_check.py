@@ -87,7 +87,21 @@ def main(master: str) -> None:
     retry_acc = retry_model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
     retry_server = retry_sm.stats.server
 
+    # allreduce: one barrier stage per epoch, ranks in the two executors, ring over TCP
+    ar_model = make_mlp()
+    ar_sm = SparkModel(ar_model, mode="allreduce", num_workers=2)
+    ar_hist = ar_sm.fit(df, epochs=epochs, batch_size=16, verbose=0)
+    ar_acc = ar_model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+    ar_first = ar_sm.stats.epochs[0].partitions
+
     print("RESULT " + json.dumps({
+        "ar_acc": ar_acc,
+        "ar_epochs": len(ar_hist.history["loss"]),
+        "ar_digests": [sorted({i["weights_sha256"] for i in e.partitions.values()}) for e in ar_sm.stats.epochs],
+        "ar_pids": sorted({i["pid"] for i in ar_first.values()}),
+        "ar_ranks": sorted(i["rank"] for i in ar_first.values()),
+        "ar_bytes_sent": [i["bytes_sent"] for i in ar_first.values()],
+        "ar_server": ar_sm.stats.server,
         "retry_epochs": len(retry_hist.history["loss"]),
         "retry_acc": retry_acc,
         "retry_epoch_samples": [e.samples for e in retry_sm.stats.epochs],

@@ -68,6 +68,31 @@ def make_mlp(seed=0, inputs=64, classes=10, lr=0.003):
     return model
 
 
+REFERENCE_EPOCHS = 12
+
+
+@pytest.fixture(scope="session")
+def reference_accuracy(digits):
+    """Held-out accuracy of single-process `model.fit` (REFERENCE_EPOCHS epochs, batch 32)."""
+    x, y, xt, yt = digits
+    ref = make_mlp()
+    ref.fit(x, y, epochs=REFERENCE_EPOCHS, batch_size=32, verbose=0)
+    return ref.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+
+
 @pytest.fixture
 def mlp():
     return make_mlp
+
+
+def failing_rdd(sc, x, y, at, message, partition=1):
+    """An RDD of (x, y) in two partitions whose `partition` raises RuntimeError(message) at row `at`."""
+    rows = list(zip(x, y))
+
+    def part(i):
+        for k, r in enumerate(rows[i::2]):
+            if i == partition and k == at:
+                raise RuntimeError(message)
+            yield r
+
+    return sc.parallelize(range(2), 2).flatMap(part)

@@ -57,3 +57,13 @@ def test_task_retry_resumes_from_the_servers_weights(result):
     # the server saw the failed attempt's pushes as well as the retry's
     assert sum(result["retry_server_samples"].values()) > 12 * n
     assert result["retry_acc"] >= result["ref_acc"] - 0.03, result
+
+
+def test_allreduce_across_executors(result):
+    # every epoch, both ranks (in different executor processes) end with identical weights
+    assert result["ar_epochs"] == 12
+    assert all(len(d) == 1 for d in result["ar_digests"]), result["ar_digests"]
+    assert result["ar_ranks"] == [0, 1]
+    assert len(result["ar_pids"]) == 2 and result["driver_pid"] not in result["ar_pids"]
+    assert result["ar_acc"] >= result["ref_acc"] - 0.02, result
+    assert min(result["ar_bytes_sent"]) > 0 and result["ar_server"]["engine"] == "allreduce"

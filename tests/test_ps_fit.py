@@ -10,21 +10,13 @@ import pytest
 from sparkdl_train import ConfigError, SparkModel, WorkerError, to_simple_rdd
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from conftest import make_mlp  # noqa: E402
+from conftest import failing_rdd, make_mlp  # noqa: E402
 
 EPOCHS = 12
 
 
 def ps_threads():
     return [t.name for t in threading.enumerate() if t.name.startswith("sparkdl_train-ps")]
-
-
-@pytest.fixture(scope="module")
-def reference_accuracy(digits):
-    x, y, xt, yt = digits
-    ref = make_mlp()
-    ref.fit(x, y, epochs=EPOCHS, batch_size=32, verbose=0)
-    return ref.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
 
 
 @pytest.mark.parametrize("mode", ["synchronous", "asynchronous", "hogwild"])
@@ -86,15 +78,7 @@ def test_ps_config_errors_name_the_argument():
 
 def test_dying_worker_fails_the_fit_fast_with_its_traceback_and_frees_the_server(sc, digits):
     x, y, _, _ = digits
-    rows = list(zip(x, y))
-
-    def part(i):
-        for k, r in enumerate(rows[i::2]):
-            if i == 1 and k == 300:
-                raise RuntimeError("simulated executor failure in partition 1")
-            yield r
-
-    rdd = sc.parallelize(range(2), 2).flatMap(part)
+    rdd = failing_rdd(sc, x, y, 300, "simulated executor failure in partition 1")
     start = time.monotonic()
     with pytest.raises(WorkerError, match="simulated executor failure"):
         SparkModel(make_mlp(), mode="synchronous", frequency="batch", num_workers=2).fit(rdd, epochs=2, batch_size=32, verbose=0)

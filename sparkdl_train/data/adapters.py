@@ -31,6 +31,14 @@ from .spec import ColumnMapping
 log = logging.getLogger(__name__)
 
 PartitionTask = Callable[[int, Iterable[Batch]], Partial]
+BarrierTask = Callable[[int, Iterable[Batch], Any, str], Partial]
+
+
+def _merge_all(partials: Iterable[Partial]) -> Partial:
+    total = Partial()
+    for p in partials:
+        total = total.merge(p)
+    return total
 
 
 class DataAdapter(ABC):
@@ -40,8 +48,9 @@ class DataAdapter(ABC):
     def num_partitions(self) -> int: ...
 
     @abstractmethod
-    def with_partitions(self, n: int) -> "DataAdapter":
-        """The same data in ``n`` partitions (coalesced, or repartitioned if it had fewer)."""
+    def with_partitions(self, n: int, shuffle: bool = False) -> "DataAdapter":
+        """The same data in ``n`` partitions (coalesced, or repartitioned if it had fewer;
+        ``shuffle=True`` always repartitions: barrier stages refuse coalesced inputs)."""
 
     @abstractmethod
     def random_split(self, fraction: float, seed: int) -> tuple["DataAdapter", "DataAdapter"]:
@@ -58,6 +67,11 @@ class DataAdapter(ABC):
     @abstractmethod
     def map_reduce(self, task: PartitionTask, description: str) -> Partial:
         """Run ``task`` on every partition and merge the partials."""
+
+    @abstractmethod
+    def barrier_map(self, task: BarrierTask, description: str, timeout: float) -> Partial:
+        """Run ``task(partition, chunks, group, host)`` on every partition at once, as one
+        barrier stage (each partition a rank of ``group``), and merge the partials."""
 
     @abstractmethod
     def predict(self, make_model: Callable[[], Any], predict: Callable[[Any, Any], Any], columns: list) -> Any:
@@ -118,11 +132,11 @@ class RDDAdapter(DataAdapter):
             self._partitions = self.rdd.getNumPartitions()
         return self._partitions
 
-    def with_partitions(self, n: int) -> "RDDAdapter":
+    def with_partitions(self, n: int, shuffle: bool = False) -> "RDDAdapter":
         current = self.num_partitions()
         if current == n:
             return self
-        return self._like(self.rdd.coalesce(n) if current > n else self.rdd.repartition(n))
+        return self._like(self.rdd.coalesce(n) if current > n and not shuffle else self.rdd.repartition(n))
 
     def random_split(self, fraction: float, seed: int):
         a, b = self.rdd.randomSplit([1.0 - fraction, fraction], seed=seed)
@@ -148,6 +162,21 @@ class RDDAdapter(DataAdapter):
 
         with _spark_job(self.rdd.context, description):
             return _tree_reduce(self.rdd.mapPartitionsWithIndex(run))
+
+    def barrier_map(self, task: BarrierTask, description: str, timeout: float) -> Partial:
+        chunk_rows, labelled = self.chunk_rows, self.labelled
+
+        def run(rows: Iterator) -> Iterator[bytes]:
+            from pyspark import BarrierTaskContext
+
+            from ..allreduce.barrier import BarrierGroup
+
+            group = BarrierGroup(BarrierTaskContext.get(), timeout)
+            yield task(group.rank, rows_to_chunks(rows, chunk_rows, labelled), group, group.address()).to_bytes()
+
+        with _spark_job(self.rdd.context, description):
+            blobs = self.rdd.barrier().mapPartitions(run).collect()
+        return _merge_all(Partial.from_bytes(b) for b in blobs)
 
     def predict(self, make_model, predict, columns):
         chunk_rows = self.chunk_rows
@@ -220,11 +249,11 @@ class DataFrameAdapter(DataAdapter):
             self._partitions = self.df.rdd.getNumPartitions()
         return self._partitions
 
-    def with_partitions(self, n: int) -> "DataFrameAdapter":
+    def with_partitions(self, n: int, shuffle: bool = False) -> "DataFrameAdapter":
         current = self.num_partitions()
         if current == n:
             return self
-        return self._like(self.df.coalesce(n) if current > n else self.df.repartition(n))
+        return self._like(self.df.coalesce(n) if current > n and not shuffle else self.df.repartition(n))
 
     def random_split(self, fraction: float, seed: int):
         a, b = self.df.randomSplit([1.0 - fraction, fraction], seed=seed)
@@ -258,6 +287,26 @@ class DataFrameAdapter(DataAdapter):
         out = self._selected().mapInArrow(run, "partial binary")
         with _spark_job(self._sc, description):
             return _tree_reduce(out.rdd.map(lambda row: Partial.from_bytes(row[0])))
+
+    def barrier_map(self, task: BarrierTask, description: str, timeout: float) -> Partial:
+        import pyarrow as pa
+
+        mapping = self.mapping
+
+        def run(batches: Iterator) -> Iterator:
+            from pyspark import BarrierTaskContext
+
+            from ..allreduce.barrier import BarrierGroup
+
+            group = BarrierGroup(BarrierTaskContext.get(), timeout)
+            chunks = (mapping.batch_from_arrow(rb) for rb in batches)
+            partial = task(group.rank, chunks, group, group.address())
+            yield pa.RecordBatch.from_arrays([pa.array([partial.to_bytes()], pa.binary())], ["partial"])
+
+        out = self._selected().mapInArrow(run, "partial binary", barrier=True)
+        with _spark_job(self._sc, description):
+            rows = out.collect()
+        return _merge_all(Partial.from_bytes(bytes(r[0])) for r in rows)
 
     def predict(self, make_model, predict, columns):
         from pyspark.sql import types as T
@@ -310,7 +359,7 @@ class ArrayAdapter(DataAdapter):
     def num_partitions(self) -> int:
         return self.partitions
 
-    def with_partitions(self, n: int) -> "ArrayAdapter":
+    def with_partitions(self, n: int, shuffle: bool = False) -> "ArrayAdapter":
         return self._like(self.data, n)
 
     def random_split(self, fraction: float, seed: int):
@@ -339,6 +388,16 @@ class ArrayAdapter(DataAdapter):
         for pid, (lo, hi) in enumerate(self._bounds()):
             total = total.merge(task(pid, self._chunks(lo, hi)))
         return total
+
+    def barrier_map(self, task: BarrierTask, description: str, timeout: float) -> Partial:
+        from ..allreduce.barrier import SingleGroup
+
+        if self.partitions != 1:
+            raise DataError(
+                f"{description}: in-process arrays run as one rank; a ring of {self.partitions} ranks "
+                "needs a DataFrame or an RDD"
+            )
+        return task(0, self._chunks(0, self.n), SingleGroup(), "127.0.0.1")
 
     def predict(self, make_model, predict, columns):
         model = make_model()

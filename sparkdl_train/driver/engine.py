@@ -96,12 +96,22 @@ def evaluate_logs(model: Any, adapter: DataAdapter, refs: SharedRefs, settings: 
     return metrics_result(model)
 
 
-def run_epoch(model: Any, train: DataAdapter, refs: SharedRefs, make_task: Callable[[Any, Any], Any], epoch: int, epochs: int) -> tuple[Partial, EpochStats]:
-    """Broadcast the driver's state, run ``make_task(payload_ref, state_ref)`` on every partition, merge."""
+def run_epoch(
+    model: Any,
+    train: DataAdapter,
+    refs: SharedRefs,
+    make_task: Callable[[Any, Any], Any],
+    epoch: int,
+    epochs: int,
+    launch: Callable[[Any, str], Partial] | None = None,
+) -> tuple[Partial, EpochStats]:
+    """Broadcast the driver's state, run ``make_task(payload_ref, state_ref)`` on every partition
+    (through ``launch``, default ``train.map_reduce``), merge."""
     start = time.perf_counter()
     state = refs.state_ref(train, model, include_optimizer=True)
+    launch = launch or train.map_reduce
     try:
-        partial: Partial = train.map_reduce(make_task(refs.payload_ref(train), state), f"sparkdl_train fit: epoch {epoch + 1}/{epochs}")
+        partial: Partial = launch(make_task(refs.payload_ref(train), state), f"sparkdl_train fit: epoch {epoch + 1}/{epochs}")
     finally:
         train.unshare(state)
     n_parts = train.num_partitions()
@@ -196,6 +206,10 @@ class ParameterServerEngine:
 
 
 def make_engine(config: EngineConfig, model: Any, sc: Any, workers: int):
+    if config.mode == "allreduce":
+        from .allreduce import AllreduceEngine
+
+        return AllreduceEngine(config, model, workers)
     if config.mode == "synchronous" and config.frequency == "epoch":
         return AveragingEngine(config)
     host = config.ps_host or (sc.getConf().get("spark.driver.host") if sc is not None else None) or socket.gethostname()

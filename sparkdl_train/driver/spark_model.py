@@ -31,9 +31,12 @@ class SparkModel:
     Args:
         model: a compiled, built ``keras.Model`` (Sequential, functional or subclassed).
         mode: how workers' updates merge: ``'synchronous'``, ``'asynchronous'`` or
-            ``'hogwild'`` (see the README for each rule).
+            ``'hogwild'`` through a parameter server on the driver, or ``'allreduce'``:
+            one Spark barrier stage per epoch, gradients averaged every step by a
+            ring allreduce between executors (see the README for each rule).
         frequency: when workers send updates: ``'epoch'`` (once per partition
-            pass), ``'batch'`` (every step) or a number of steps N.
+            pass, the default), ``'batch'`` (every step) or a number of steps N.
+            ``'allreduce'`` is always ``'batch'``.
         staleness_bound: ``mode='asynchronous'`` only: a worker more than this many
             pushes ahead of the slowest waits (bounded staleness).
         delta_scale: asynchronous/hogwild only: factor applied to each pushed delta
@@ -45,6 +48,11 @@ class SparkModel:
         worker_threads: TensorFlow threads per worker (default: cores / workers in
             local mode, ``spark.task.cpus`` on a cluster).
         safe_mode: passed to ``keras.saving.load_model`` on executors.
+        compression: allreduce only: ``'fp16'`` sends gradients as float16 (half the bytes).
+        lr_scaling: allreduce only: ``'linear'`` multiplies a constant learning rate by the
+            number of ranks on the executors (``'sqrt'``: by its square root); default ``'none'``.
+        allreduce_timeout: allreduce only: seconds a rank waits for a peer (rendezvous or
+            data) before the fit fails naming that peer (default 600).
 
     Values left at ``None`` are read from ``spark.sparkdl_train.*`` keys
     (``numWorkers``, ``seed``, ``shuffleBufferSize``, ``worker.threads``).
@@ -54,7 +62,7 @@ class SparkModel:
         self,
         model: Any,
         mode: str = "synchronous",
-        frequency: str | int = "epoch",
+        frequency: str | int | None = None,
         num_workers: int | None = None,
         custom_objects: dict[str, Any] | None = None,
         seed: int | None = None,
@@ -63,6 +71,9 @@ class SparkModel:
         safe_mode: bool = True,
         staleness_bound: int | None = None,
         delta_scale: float | None = None,
+        compression: str | None = None,
+        lr_scaling: str | None = None,
+        allreduce_timeout: float | None = None,
     ):
         check_compiled(model)
         self._model = model
@@ -76,6 +87,9 @@ class SparkModel:
             safe_mode=safe_mode,
             staleness_bound=staleness_bound,
             delta_scale=delta_scale,
+            compression=compression,
+            lr_scaling=lr_scaling,
+            allreduce_timeout=allreduce_timeout,
         )
         self.config = EngineConfig(**{k: v for k, v in self._overrides.items() if v is not None})
         self.custom_objects = dict(custom_objects or {})
@@ -135,8 +149,19 @@ class SparkModel:
             val = self._adapter(validation_data, labelled=True, what="validation_data")
         elif fit_cfg.validation_split:
             train, val = train.random_split(fit_cfg.validation_split, engine.seed)
-        workers = engine.num_workers or self._default_workers(train)
-        train = train.with_partitions(workers)
+        barrier = engine.mode == "allreduce"
+        sc = _spark_context(train)
+        if barrier and sc is not None:
+            from .allreduce import barrier_slots, check_barrier_launch
+
+            workers = engine.num_workers or barrier_slots(sc)
+            check_barrier_launch(sc, workers, engine.connect_timeout)
+        else:
+            workers = engine.num_workers or self._default_workers(train)
+        if barrier and train.num_partitions() != workers:
+            log.info("allreduce: repartitioning %d partitions into %d (one per rank; barrier stages cannot coalesce)",
+                     train.num_partitions(), workers)
+        train = train.with_partitions(workers, shuffle=barrier)
         self._check_sample(train, "data")
         if val is not None:
             self._check_sample(val, "validation_data")

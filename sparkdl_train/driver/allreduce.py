@@ -1,0 +1,113 @@
+"""Driver side of the allreduce engine (``mode='allreduce'``).
+
+Each epoch is one Spark barrier stage with one task per rank; the driver only
+broadcasts the starting state, launches the stage and adopts rank 0's final
+state (all ranks hold the same weights; their digests are checked). Nothing
+runs on the driver during the epoch: gradients never pass through it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any
+
+from ..config import EngineConfig
+from ..errors import ConfigError, SparkDLError
+from ..model_io import metrics_result, set_metric_state, set_state
+from ..worker.allreduce_task import AllreduceTrainTask, RingSettings
+from ..worker.tasks import StepSettings
+
+log = logging.getLogger(__name__)
+
+
+def barrier_slots(sc: Any) -> int:
+    """Tasks the cluster can run at once for the default resource profile."""
+    try:
+        jsc = sc._jsc.sc()
+        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # noqa: BLE001 - internal API missing: fall back to the public estimate
+        return int(sc.defaultParallelism)
+
+
+def check_barrier_launch(sc: Any, ranks: int, wait: float) -> int:
+    """Fail before launch (not after Spark's minutes of retries) when a barrier stage of
+    ``ranks`` tasks cannot be scheduled. Returns the slot count."""
+    conf = sc.getConf()
+    if (conf.get("spark.dynamicAllocation.enabled") or "false").strip().lower() == "true":
+        raise ConfigError(
+            "mode='allreduce' runs as a Spark barrier stage, which Spark does not support with "
+            "spark.dynamicAllocation.enabled=true; disable dynamic allocation or use a parameter-server mode"
+        )
+    slots = barrier_slots(sc)
+    if slots < ranks and not sc.master.startswith("local["):
+        deadline = time.monotonic() + wait  # executors may still be registering
+        while slots < ranks and time.monotonic() < deadline:
+            time.sleep(0.5)
+            slots = barrier_slots(sc)
+    if slots < ranks:
+        raise ConfigError(
+            f"mode='allreduce' needs {ranks} task slots at once (one per rank, all in one barrier stage), "
+            f"but the cluster offers {slots} (executors x cores / spark.task.cpus); lower num_workers "
+            "(spark.sparkdl_train.numWorkers) or add executors"
+        )
+    return slots
+
+
+def check_learning_rate(model: Any, config: EngineConfig) -> None:
+    if config.lr_scaling == "none":
+        return
+    lr = getattr(model.optimizer, "_learning_rate", None)
+    if lr is not None and callable(lr) and not hasattr(lr, "assign"):
+        raise ConfigError(
+            f"lr_scaling={config.lr_scaling!r} needs a constant learning rate; the optimizer uses a "
+            "schedule: scale the schedule itself and leave lr_scaling='none'"
+        )
+
+
+class AllreduceEngine:
+    """Barrier-mode ring allreduce for the duration of one fit."""
+
+    def __init__(self, config: EngineConfig, model: Any, workers: int):
+        check_learning_rate(model, config)
+        self.config = config
+        self.workers = workers
+        self.secret = secrets.token_bytes(32)  # per fit; proves ring peers belong to it
+        self.totals = {"steps": 0, "bytes_sent": 0, "bytes_received": 0, "comm_seconds": 0.0}
+
+    def __enter__(self) -> "AllreduceEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def server_stats(self) -> dict[str, Any]:
+        c = self.config
+        return {"engine": "allreduce", "ranks": self.workers, "compression": c.compression or "none",
+                "lr_scaling": c.lr_scaling, **self.totals}
+
+    def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int):
+        from .engine import run_epoch
+
+        c = self.config
+        rs = RingSettings(
+            self.secret, timeout=c.allreduce_timeout, connect_timeout=c.connect_timeout,
+            compression=None if c.compression in (None, "none") else c.compression, lr_scaling=c.lr_scaling,
+        )
+        partial, stats = run_epoch(
+            model, train, refs, lambda p, s: AllreduceTrainTask(p, s, epoch, settings, rs), epoch, epochs,
+            launch=lambda task, desc: train.barrier_map(task, desc, c.allreduce_timeout),
+        )
+        infos = list(partial.partitions.values())
+        digests = {i.get("weights_sha256") for i in infos}
+        if len(digests) != 1:
+            raise SparkDLError(f"epoch {epoch + 1}: allreduce ranks ended with different weights ({len(digests)} digests)")
+        if partial.model.sums is None:
+            raise SparkDLError(f"epoch {epoch + 1}: rank 0 reported no state")
+        set_state(model, partial.model.result())
+        set_metric_state(model, partial.metrics)
+        self.totals["steps"] += max(i.get("global_steps", 0) for i in infos)
+        for key in ("bytes_sent", "bytes_received", "comm_seconds"):
+            self.totals[key] += sum(i.get(key, 0) for i in infos)
+        return metrics_result(model), stats

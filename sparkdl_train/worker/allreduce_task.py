@@ -1,0 +1,209 @@
+"""Executor side of the allreduce engine: one rank of a barrier stage.
+
+Per epoch (one Spark barrier stage, rank = partition id):
+
+1. rebuild (or reuse) the model and apply the driver's state;
+2. rendezvous: bind a listening socket, publish ``host:port`` through
+   ``allGather``, connect and authenticate the ring;
+3. broadcast rank 0's weights and optimizer state (Horovod semantics);
+4. every step: fused weighted gradient -> ring allreduce (sum) -> apply the
+   global mean. A rank whose partition is exhausted contributes zeros with
+   weight 0; when the summed weight is 0 every rank has finished, so all ranks
+   run the same number of allreduces and nobody waits at the end of an epoch;
+5. average the non-trainable state (e.g. BatchNorm statistics) so that every
+   rank ends with identical weights, and report a digest of them.
+
+A failing rank tells the ring (an abort frame naming it, with its traceback)
+before it raises, so every rank's error names the rank that failed first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..allreduce import ring
+from ..allreduce.transport import Group, PeerAborted, rendezvous
+from ..data.batching import Batch, num_rows, rebatch
+from ..errors import SparkDLError
+from ..merge import Partial, WeightedMean
+from ..model_io import get_metric_state, get_state, set_state
+from .fused_step import FusedStep
+from .steps import _build
+from .tasks import Ref, StepSettings, _info, _model
+
+
+class RankError(SparkDLError):
+    """Raised on a rank of the allreduce ring; the message names the rank that failed first."""
+
+
+@dataclass(frozen=True)
+class RingSettings:
+    secret: bytes
+    timeout: float = 600.0
+    connect_timeout: float = 30.0
+    compression: str | None = None
+    lr_scaling: str = "none"
+    host: str | None = None  # None: the executor address Spark reports for this task
+
+
+@dataclass(frozen=True)
+class AllreduceTrainTask:
+    payload: Ref
+    state: Ref
+    epoch: int
+    settings: StepSettings
+    ring: RingSettings
+
+    def __call__(self, partition: int, chunks: Iterable[Batch], group: Group, host: str) -> Partial:
+        rank, size = group.rank, group.size
+        link = None
+        try:
+            start = time.perf_counter()
+            model = _model(self.payload, self.state, self.settings)
+            model.reset_metrics()
+            link = rendezvous(group, self.ring.host or host, self.ring.secret, self.ring.timeout, self.ring.connect_timeout)
+            return self._train(model, partition, chunks, link, rank, size, start)
+        except PeerAborted as exc:
+            if link is not None and exc.origin != rank:
+                link.abort(exc.origin, exc.detail)  # pass it on round the ring
+            raise RankError(f"allreduce rank {rank} of {size} stopped because rank {exc.origin} failed:\n{exc.detail}") from None
+        except BaseException as exc:
+            detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            if link is not None:
+                link.abort(rank, detail)
+            if isinstance(exc, SparkDLError):
+                raise
+            raise RankError(f"allreduce rank {rank} of {size} failed: {type(exc).__name__}: {exc}\n{detail}") from exc
+        finally:
+            if link is not None:
+                link.close()
+
+    def _train(self, model, partition, chunks, link, rank, size, start) -> Partial:
+        s, r = self.settings, self.ring
+        factor = {"none": 1.0, "linear": float(size), "sqrt": math.sqrt(size)}[r.lr_scaling]
+        base_lr = _scale_lr(model, factor)
+        wire = np.float16 if r.compression == "fp16" else None
+
+        # Horovod semantics: every rank starts from rank 0's weights and optimizer state
+        comm = 0.0
+        t0 = time.perf_counter()
+        state = get_state(model)
+        blob = np.frombuffer(b"".join(np.ascontiguousarray(a).tobytes() for a in state), np.uint8).copy()
+        if link is not None:
+            ring.broadcast(blob, link, rank, size)
+        if rank != 0:
+            set_state(model, _split(blob, state))
+        comm += time.perf_counter() - t0
+
+        step = _fused_step(model, s.batch_size)
+        buf = np.empty(step.size, np.float32)
+        rng = np.random.default_rng([s.seed, self.epoch, partition])
+        batches = iter(rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng))
+        samples = local_steps = global_steps = 0
+        exhausted = False
+        while True:
+            batch = None
+            while not exhausted and batch is None:
+                batch = next(batches, None)
+                if batch is None:
+                    exhausted = True
+                elif num_rows(batch) == 0:
+                    batch = None
+            if batch is not None:
+                if local_steps == 0:
+                    _build(model, batch)
+                samples += step.gradients(batch, buf)
+                local_steps += 1
+            else:
+                buf.fill(0.0)
+            t0 = time.perf_counter()
+            if link is not None:
+                ring.allreduce_sum(buf, link, rank, size, wire_dtype=wire)
+            comm += time.perf_counter() - t0
+            if buf[-1] == 0.0:  # every rank is out of data
+                break
+            step.apply(buf)
+            global_steps += 1
+
+        t0 = time.perf_counter()
+        _sync_non_trainable(model, link, rank, size, samples)
+        comm += time.perf_counter() - t0
+        _scale_lr(model, 1.0, base_lr)
+        weights = [np.asarray(v.numpy()) for v in model.weights]
+        info = _info(samples, local_steps, start)
+        info.update(
+            rank=rank,
+            world_size=size,
+            global_steps=global_steps,
+            comm_seconds=round(comm, 4),
+            bytes_sent=getattr(link, "bytes_sent", 0),
+            bytes_received=getattr(link, "bytes_received", 0),
+            weights_sha256=hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in weights)).hexdigest(),
+        )
+        return Partial(
+            samples=samples,
+            batches=local_steps,
+            # all ranks hold the same state: rank 0 reports it
+            model=WeightedMean.of(get_state(model), 1.0) if rank == 0 else WeightedMean(),
+            metrics=get_metric_state(model) if samples else None,
+            partitions={partition: info},
+        )
+
+
+def _split(blob: np.ndarray, like: list[np.ndarray]) -> list[np.ndarray]:
+    out, pos = [], 0
+    for a in like:
+        n = a.nbytes
+        out.append(blob[pos : pos + n].view(a.dtype).reshape(a.shape).copy())
+        pos += n
+    return out
+
+
+def _fused_step(model: Any, batch_size: int) -> FusedStep:
+    """One FusedStep per (model, batch size), kept on the cached model: traced once per worker."""
+    cache = model.__dict__.setdefault("_sparkdl_fused_steps", {})
+    step = cache.get(batch_size)
+    if step is None:
+        step = cache[batch_size] = FusedStep(model, batch_size)
+    return step
+
+
+def _scale_lr(model: Any, factor: float, base: float | None = None) -> float | None:
+    """Multiply a constant learning rate by ``factor`` (or restore ``base``); returns the old value."""
+    opt = model.optimizer
+    if factor == 1.0 and base is None:
+        return None
+    current = float(np.asarray(opt.learning_rate))
+    opt.learning_rate = base if base is not None else current * factor
+    return current
+
+
+def _sync_non_trainable(model: Any, link: Any, rank: int, size: int, samples: int) -> None:
+    """Make non-trainable state identical on every rank: float variables (e.g. BatchNorm
+    moving statistics) become their sample-weighted mean, the others (seed counters) rank 0's."""
+    if link is None:
+        return
+    floats = [v for v in model.non_trainable_weights if np.dtype(v.dtype).kind == "f"]
+    others = [v for v in model.non_trainable_weights if np.dtype(v.dtype).kind != "f"]
+    if floats:
+        arrays = [np.asarray(v.numpy(), np.float64).ravel() for v in floats]
+        buf = np.concatenate([*(a * samples for a in arrays), [float(samples)]])
+        ring.allreduce_sum(buf, link, rank, size)
+        if buf[-1] > 0:
+            pos = 0
+            for v, a in zip(floats, arrays):
+                v.assign((buf[pos : pos + a.size] / buf[-1]).reshape(v.shape).astype(np.dtype(v.dtype)))
+                pos += a.size
+    if others:
+        arrays = [np.ascontiguousarray(v.numpy()) for v in others]
+        blob = np.frombuffer(b"".join(a.tobytes() for a in arrays), np.uint8).copy()
+        ring.broadcast(blob, link, rank, size)
+        for v, a in zip(others, _split(blob, arrays)):
+            v.assign(a)

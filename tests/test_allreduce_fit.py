@@ -1,0 +1,155 @@
+"""mode='allreduce' end to end on local[2]: barrier stages, identical ranks, accuracy, failures."""
+
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sparkdl_train import ConfigError, SparkModel, WorkerError, to_simple_rdd
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from conftest import failing_rdd, make_mlp  # noqa: E402
+
+EPOCHS = 12
+
+
+def digests(sm):
+    return [{i["weights_sha256"] for i in e.partitions.values()} for e in sm.stats.epochs]
+
+
+def test_dataframe_allreduce_matches_single_process(spark, digits, reference_accuracy):
+    x, y, xt, yt = digits
+    # 5 input partitions: repartitioned to one per rank (barrier stages cannot coalesce)
+    df = spark.createDataFrame(pd.DataFrame({"features": list(x.astype("float64")), "label": y.astype("float64")})).repartition(5)
+    model = make_mlp()
+    sm = SparkModel(model, mode="allreduce")  # frequency defaults to 'batch'; ranks = 2 slots
+    hist = sm.fit(df, epochs=EPOCHS, batch_size=16, verbose=0)
+    acc = model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+    assert acc >= reference_accuracy - 0.02, (acc, reference_accuracy)
+    assert len(hist.history["loss"]) == EPOCHS and hist.history["loss"][-1] < hist.history["loss"][0] / 3
+    assert all(len(d) == 1 for d in digests(sm))  # every epoch: both ranks hold identical weights
+    first = sm.stats.epochs[0].partitions
+    assert sorted(first) == [0, 1] and sorted(i["rank"] for i in first.values()) == [0, 1]
+    assert sum(i["samples"] for i in first.values()) == len(x)
+    # the driver adopted the ranks' weights: its digest equals theirs
+    import hashlib
+
+    mine = hashlib.sha256(b"".join(np.ascontiguousarray(w.numpy()).tobytes() for w in model.weights)).hexdigest()
+    assert digests(sm)[-1] == {mine}
+    # every step all-reduces one fused float32 buffer: 2 (N-1)/N of it per rank, N = 2
+    server = sm.stats.server
+    n_params = model.count_params()
+    steps = max(i["global_steps"] for i in first.values())
+    assert steps == max(-(-i["samples"] // 16) for i in first.values())
+    per_rank_step_bytes = (n_params + 1) * 4 // 2
+    assert server["steps"] == EPOCHS * steps
+    assert all(i["bytes_sent"] >= (steps + 1) * per_rank_step_bytes for i in first.values())
+
+
+def test_rdd_uneven_partitions_and_worker_reuse(sc, digits, reference_accuracy):
+    x, y, xt, yt = digits
+    # partition 0 holds 40 rows, partition 1 the rest: rank 0 runs out after 3 steps and keeps
+    # contributing zero-weight gradients until rank 1 is done; nobody waits at the end
+    rows = list(zip(x, y))
+    rdd = sc.parallelize([rows[:40], rows[40:]], 2).flatMap(lambda part: part)
+    model = make_mlp()
+    sm = SparkModel(model, mode="allreduce", num_workers=2)
+    sm.fit(rdd, epochs=EPOCHS, batch_size=16, verbose=0)
+    acc = model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
+    assert acc >= reference_accuracy - 0.02
+    first = sm.stats.epochs[0].partitions
+    assert first[0]["samples"] == 40 and first[0]["batches"] == 3
+    assert first[1]["batches"] == -(-(len(x) - 40) // 16)
+    assert first[0]["global_steps"] == first[1]["global_steps"] == first[1]["batches"]
+    assert all(len(d) == 1 for d in digests(sm))
+    # a second fit in the same session (Spark reuses the Python workers, TF state included)
+    pids = {i["pid"] for e in sm.stats.epochs for i in e.partitions.values()}
+    again = SparkModel(make_mlp(seed=1), mode="allreduce", num_workers=2)
+    again.fit(to_simple_rdd(sc, x, y), epochs=2, batch_size=32, verbose=0)
+    pids2 = {i["pid"] for e in again.stats.epochs for i in e.partitions.values()}
+    assert pids & pids2, "expected reused Python workers"
+    assert all(len(d) == 1 for d in digests(again))
+
+
+def test_fp16_compression_and_linear_lr_scaling(sc, digits, reference_accuracy):
+    x, y, xt, yt = digits
+    results = {}
+    for compression in (None, "fp16"):
+        model = make_mlp(lr=0.0015)
+        sm = SparkModel(model, mode="allreduce", num_workers=2, compression=compression, lr_scaling="linear")
+        sm.fit(to_simple_rdd(sc, x, y), epochs=EPOCHS, batch_size=16, verbose=0)
+        results[compression] = (model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"], sm.stats.server)
+        assert all(len(d) == 1 for d in digests(sm))
+        # the scaled rate lived on the executors only: the driver keeps the user's value
+        assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.0015)
+    (acc32, s32), (acc16, s16) = results[None], results["fp16"]
+    assert acc32 >= reference_accuracy - 0.02 and acc16 >= reference_accuracy - 0.02, results
+    assert s16["compression"] == "fp16" and s32["lr_scaling"] == "linear"
+    assert 0.45 < s16["bytes_sent"] / s32["bytes_sent"] < 0.6  # gradients at half width (+ fp32 broadcasts)
+
+
+def test_more_ranks_than_slots_fails_before_launch(sc, digits):
+    x, y, _, _ = digits
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="needs 3 task slots at once.*offers 2"):
+        SparkModel(make_mlp(), mode="allreduce", num_workers=3).fit(to_simple_rdd(sc, x, y), epochs=1, verbose=0)
+    assert time.monotonic() - start < 10
+    assert sc.statusTracker().getActiveJobsIds() == []
+
+
+def test_allreduce_config_errors():
+    with pytest.raises(ConfigError, match="frequency must be 'batch'"):
+        SparkModel(make_mlp(), mode="allreduce", frequency="epoch")
+    with pytest.raises(ConfigError, match="compression"):
+        SparkModel(make_mlp(), mode="allreduce", compression="int8")
+    with pytest.raises(ConfigError, match="mode='allreduce' only"):
+        SparkModel(make_mlp(), mode="synchronous", compression="fp16")
+    with pytest.raises(ConfigError, match="lr_scaling"):
+        SparkModel(make_mlp(), mode="allreduce", lr_scaling="cubic")
+
+
+def test_schedule_with_lr_scaling_is_refused(sc, digits):
+    import keras
+
+    x, y, _, _ = digits
+    model = make_mlp()
+    model.compile(keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.01, 100, 0.9)),
+                  "sparse_categorical_crossentropy")
+    with pytest.raises(ConfigError, match="constant learning rate"):
+        SparkModel(model, mode="allreduce", lr_scaling="linear").fit(to_simple_rdd(sc, x, y), epochs=1, verbose=0)
+
+
+def test_failing_rank_fails_the_fit_with_its_rank_and_traceback(sc, digits):
+    x, y, _, _ = digits
+    rdd = failing_rdd(sc, x, y, 100, "corrupt record 100 in partition 1")
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        SparkModel(make_mlp(), mode="allreduce", num_workers=2).fit(rdd, epochs=1, batch_size=16, verbose=0)
+    assert time.monotonic() - start < 60
+    text = str(info.value) + "".join(info.value.failures.values())
+    assert "rank 1" in text and "corrupt record 100 in partition 1" in text
+    # the session still trains afterwards
+    ok = SparkModel(make_mlp(), mode="allreduce", num_workers=2)
+    ok.fit(to_simple_rdd(sc, x, y), epochs=1, batch_size=32, verbose=0)
+    assert all(len(d) == 1 for d in digests(ok))
+
+
+def test_slow_rank_fails_the_others_within_the_timeout(sc, digits):
+    x, y, _, _ = digits
+    rows = list(zip(x, y))
+
+    def part(i):
+        if i == 1:
+            time.sleep(25)
+        yield from rows[i::2]
+
+    rdd = sc.parallelize(range(2), 2).flatMap(part)
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        SparkModel(make_mlp(), mode="allreduce", num_workers=2, allreduce_timeout=4).fit(rdd, epochs=1, batch_size=16, verbose=0)
+    elapsed = time.monotonic() - start
+    text = str(info.value) + "".join(info.value.failures.values())
+    assert "timed out after 4 s" in text and "rank 1" in text, text[-2000:]
+    assert elapsed < 24, elapsed  # well before the slow rank would have answered

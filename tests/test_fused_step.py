@@ -1,0 +1,46 @@
+"""The split train step: weighted fused gradients of shards sum to the full batch's gradient."""
+
+import sys
+
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from conftest import make_mlp  # noqa: E402
+
+
+def test_shard_gradients_average_to_the_full_batch_gradient(digits):
+    import keras
+    import tensorflow as tf
+
+    from sparkdl_train.worker.fused_step import FusedStep
+    from sparkdl_train.worker.steps import _build
+
+    x, y, _, _ = digits
+    x, y = x[:48], y[:48]
+    model = make_mlp()
+    model.compile(keras.optimizers.SGD(0.5), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    _build(model, (x, y, None))
+    step = FusedStep(model, batch_size=32)
+    # uneven shards, as on the last step of an epoch, plus a rank with nothing
+    shards = [(x[:32], y[:32], None), (x[32:], y[32:], None)]
+    total = np.zeros(step.size, np.float32)
+    rows = 0
+    for shard in shards:
+        buf = np.empty(step.size, np.float32)
+        rows += step.gradients(shard, buf)
+        total += buf
+    assert rows == 48 and total[-1] == np.float32(48 / 32)
+
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+    full = tape.gradient(loss, model.trainable_variables)
+    expected = np.concatenate([np.asarray(g).ravel() for g in full])
+    np.testing.assert_allclose(total[:-1] / total[-1], expected, rtol=1e-4, atol=1e-6)
+
+    before = [np.asarray(v.numpy()) for v in model.trainable_variables]
+    step.apply(total)
+    for b, v, g in zip(before, model.trainable_variables, full):
+        np.testing.assert_allclose(np.asarray(v.numpy()), b - 0.5 * np.asarray(g), rtol=1e-4, atol=1e-6)
+    assert int(model.optimizer.iterations.numpy()) == 1
+    # the loss tracker saw both shards, weighted by rows, like model.fit would
+    assert float(model._loss_tracker.count.numpy()) == 48
