@@ -41,7 +41,8 @@ def check_barrier_launch(sc: Any, ranks: int, wait: float) -> int:
             "spark.dynamicAllocation.enabled=true; disable dynamic allocation or use a parameter-server mode"
         )
     slots = barrier_slots(sc)
-    if slots < ranks and not sc.master.startswith("local["):
+    local = sc.master.startswith("local") and not sc.master.startswith("local-cluster")
+    if slots < ranks and not local:
         deadline = time.monotonic() + wait  # executors may still be registering
         while slots < ranks and time.monotonic() < deadline:
             time.sleep(0.5)
