@@ -43,9 +43,7 @@ def parse_args(argv: list[str]) -> dict:
     with open(config_path) as f:
         cfg = json.load(f)
     cfg.update({k: v for k, v in args.items() if v is not None})
-    if cfg.get("mode") == "allreduce" and args.get("frequency") is None:
-        cfg["frequency"] = "batch"  # gradients are averaged every step
-    freq = cfg.get("frequency", "epoch")
+    freq = cfg.get("frequency")  # None: the mode's default ("batch" for allreduce, else "epoch")
     cfg["frequency"] = int(freq) if isinstance(freq, str) and freq.isdigit() else freq
     return cfg
 
@@ -121,7 +119,7 @@ def main(argv: list[str]) -> dict:
     summary = {
         "model": cfg["model"],
         "mode": cfg["mode"],
-        "frequency": cfg["frequency"],
+        "frequency": sm.stats.frequency,
         "workers": sm.stats.num_workers,
         "epochs": len(history.history["loss"]),
         "train_rows": n_train,
@@ -144,7 +142,7 @@ def main(argv: list[str]) -> dict:
         json.dump(summary, f, indent=2)
 
     print("\n=== sparkdl_train CTR job ===")
-    print(f"model {cfg['model']}  mode {cfg['mode']}/{cfg['frequency']}  workers {sm.stats.num_workers}  epochs {summary['epochs']}")
+    print(f"model {cfg['model']}  mode {cfg['mode']}/{sm.stats.frequency}  workers {sm.stats.num_workers}  epochs {summary['epochs']}")
     print(f"rows  train {n_train}  test {n_test}  vocabulary {sum(buckets)} buckets")
     print(f"test AUC      {exact_auc:.4f}   (Bayes-optimal {summary['bayes_auc'] if bayes is None else format(bayes['auc'], '.4f')})")
     print(f"test logloss  {test_logs['loss']:.4f}   (Bayes-optimal {'n/a' if bayes is None else format(bayes['logloss'], '.4f')})")

@@ -156,9 +156,9 @@ def broadcast(buf: np.ndarray, link: Link, rank: int, size: int, root: int = 0, 
     """Copy ``root``'s ``buf`` to every rank along the ring, pipelined in chunks; in place."""
     if size == 1:
         return buf
-    view = _bytes(np.ascontiguousarray(buf)) if buf.flags.c_contiguous else None
-    if view is None:
+    if not buf.flags.c_contiguous:
         raise ValueError("broadcast buffers must be contiguous")
+    view = _bytes(buf)
     pos = (rank - root) % size
     for lo in range(0, max(len(view), 1), chunk_bytes):
         part = view[lo : lo + chunk_bytes]

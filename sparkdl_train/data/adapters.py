@@ -384,10 +384,7 @@ class ArrayAdapter(DataAdapter):
             yield take_rows(self.data, slice(s, min(hi, s + self.chunk_rows)))
 
     def map_reduce(self, task: PartitionTask, description: str) -> Partial:
-        total = Partial()
-        for pid, (lo, hi) in enumerate(self._bounds()):
-            total = total.merge(task(pid, self._chunks(lo, hi)))
-        return total
+        return _merge_all(task(pid, self._chunks(lo, hi)) for pid, (lo, hi) in enumerate(self._bounds()))
 
     def barrier_map(self, task: BarrierTask, description: str, timeout: float) -> Partial:
         from ..allreduce.barrier import SingleGroup

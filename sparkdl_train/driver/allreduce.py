@@ -18,6 +18,7 @@ from ..errors import ConfigError, SparkDLError
 from ..model_io import metrics_result, set_metric_state, set_state
 from ..worker.allreduce_task import AllreduceTrainTask, RingSettings
 from ..worker.tasks import StepSettings
+from .engine import run_epoch
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,6 @@ class AllreduceEngine:
                 "lr_scaling": c.lr_scaling, **self.totals}
 
     def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int):
-        from .engine import run_epoch
-
         c = self.config
         rs = RingSettings(
             self.secret, timeout=c.allreduce_timeout, connect_timeout=c.connect_timeout,

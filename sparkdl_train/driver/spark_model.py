@@ -175,7 +175,7 @@ class SparkModel:
         )
         eval_settings = StepSettings(batch_size=fit_cfg.batch_size, threads=settings.threads)
         self.stats = FitStats(num_workers=workers, worker_threads=settings.threads, mode=engine.mode, frequency=engine.frequency)
-        runner = make_engine(engine, model, _spark_context(train), workers)
+        runner = make_engine(engine, model, sc, workers)
         cb = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=False, model=model,
             verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None,

@@ -94,28 +94,20 @@ class AllreduceTrainTask:
         # Horovod semantics: every rank starts from rank 0's weights and optimizer state
         comm = 0.0
         t0 = time.perf_counter()
-        state = get_state(model)
-        blob = np.frombuffer(b"".join(np.ascontiguousarray(a).tobytes() for a in state), np.uint8).copy()
         if link is not None:
-            ring.broadcast(blob, link, rank, size)
-        if rank != 0:
-            set_state(model, _split(blob, state))
+            state = _broadcast_arrays(get_state(model), link, rank, size)
+            if rank != 0:
+                set_state(model, state)
         comm += time.perf_counter() - t0
 
         step = _fused_step(model, s.batch_size)
         buf = np.empty(step.size, np.float32)
         rng = np.random.default_rng([s.seed, self.epoch, partition])
-        batches = iter(rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng))
+        batches = rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng)
+        batches = (b for b in batches if num_rows(b))  # an exhausted generator keeps returning None below
         samples = local_steps = global_steps = 0
-        exhausted = False
         while True:
-            batch = None
-            while not exhausted and batch is None:
-                batch = next(batches, None)
-                if batch is None:
-                    exhausted = True
-                elif num_rows(batch) == 0:
-                    batch = None
+            batch = next(batches, None)
             if batch is not None:
                 if local_steps == 0:
                     _build(model, batch)
@@ -157,12 +149,14 @@ class AllreduceTrainTask:
         )
 
 
-def _split(blob: np.ndarray, like: list[np.ndarray]) -> list[np.ndarray]:
+def _broadcast_arrays(arrays: list[np.ndarray], link: Any, rank: int, size: int) -> list[np.ndarray]:
+    """Rank 0's ``arrays`` on every rank: packed into one byte buffer, broadcast, unpacked."""
+    blob = np.frombuffer(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays), np.uint8).copy()
+    ring.broadcast(blob, link, rank, size)
     out, pos = [], 0
-    for a in like:
-        n = a.nbytes
-        out.append(blob[pos : pos + n].view(a.dtype).reshape(a.shape).copy())
-        pos += n
+    for a in arrays:
+        out.append(blob[pos : pos + a.nbytes].view(a.dtype).reshape(a.shape).copy())
+        pos += a.nbytes
     return out
 
 
@@ -202,8 +196,5 @@ def _sync_non_trainable(model: Any, link: Any, rank: int, size: int, samples: in
                 v.assign((buf[pos : pos + a.size] / buf[-1]).reshape(v.shape).astype(np.dtype(v.dtype)))
                 pos += a.size
     if others:
-        arrays = [np.ascontiguousarray(v.numpy()) for v in others]
-        blob = np.frombuffer(b"".join(a.tobytes() for a in arrays), np.uint8).copy()
-        ring.broadcast(blob, link, rank, size)
-        for v, a in zip(others, _split(blob, arrays)):
+        for v, a in zip(others, _broadcast_arrays([np.asarray(v.numpy()) for v in others], link, rank, size)):
             v.assign(a)
