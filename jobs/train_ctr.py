@@ -36,6 +36,7 @@ def parse_args(argv: list[str]) -> dict:
     p.add_argument("--workers", type=int, help="training partitions (default: default parallelism)")
     p.add_argument("--embed-dim", type=int, dest="embed_dim")
     p.add_argument("--learning-rate", type=float, dest="learning_rate")
+    p.add_argument("--vocab-min-count", type=int, dest="vocab_min_count", help="values seen fewer times share an out-of-vocabulary id")
     p.add_argument("--output", help="folder for the model, generated data and summary.json")
     p.add_argument("--seed", type=int)
     args = vars(p.parse_args(argv))
@@ -43,6 +44,8 @@ def parse_args(argv: list[str]) -> dict:
     with open(config_path) as f:
         cfg = json.load(f)
     cfg.update({k: v for k, v in args.items() if v is not None})
+    if cfg["mode"] == "allreduce" and args.get("frequency") is None:
+        cfg["frequency"] = None  # the config file's push frequency is for the parameter server
     freq = cfg.get("frequency")  # None: the mode's default ("batch" for allreduce, else "epoch")
     cfg["frequency"] = int(freq) if isinstance(freq, str) and freq.isdigit() else freq
     return cfg
@@ -58,7 +61,27 @@ def spark_session():
     return builder.getOrCreate()
 
 
-def main(argv: list[str]) -> dict:
+def communication(stats) -> dict:
+    """Bytes on the wire per update, and for the parameter server the saving of sparse rows
+    against pushing and pulling every weight whole."""
+    server = stats.server or {}
+    if server.get("engine") == "allreduce":
+        moved = server["bytes_sent"] + server["bytes_received"]
+        return {"engine": "allreduce", "bytes_per_step": moved / max(1, server["steps"]), "compression": server["compression"]}
+    if "updates" in server:
+        return {
+            "engine": "parameter_server",
+            "sparse_tables": server["sparse_tables"],
+            "pushes": server["updates"],
+            "bytes_per_push": server["bytes_per_push"],
+            "dense_bytes_per_push": server["dense_bytes_per_push"],
+            "dense_to_actual_bytes": server["dense_to_actual_bytes"],
+        }
+    return {"engine": "spark_averaging"}  # synchronous/epoch: state merged by Spark's treeReduce
+
+
+def main(argv: list[str], spark=None) -> dict:
+    """Run the job; with ``spark`` given (tests, notebooks) that session is used and left running."""
     cfg = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -66,10 +89,12 @@ def main(argv: list[str]) -> dict:
 
     from sparkdl_train import SparkModel
     from sparkdl_train.datasets import ctr as ctr_data
-    from sparkdl_train.models.ctr import MODELS, ctr_features, vocabulary
+    from sparkdl_train.models.ctr import MODELS, build_vocabulary, ctr_features
 
-    spark = spark_session()
-    spark.sparkContext.setLogLevel("WARN")
+    own_session = spark is None
+    if own_session:
+        spark = spark_session()
+        spark.sparkContext.setLogLevel("WARN")
     out_dir = os.path.abspath(cfg["output"])
     os.makedirs(out_dir, exist_ok=True)
 
@@ -85,17 +110,21 @@ def main(argv: list[str]) -> dict:
 
     if "id" not in df.columns:
         df = df.withColumn("id", F.monotonically_increasing_id())
-    buckets = vocabulary(df, ctr_data.CAT_COLS, cfg["max_buckets"])
-    feats = ctr_features(df, ctr_data.DENSE_COLS, ctr_data.CAT_COLS, buckets)
     # deterministic split on the row id, independent of partitioning
     is_test = F.pmod(F.xxhash64(F.col("id"), F.lit(cfg["seed"])), F.lit(1000)) < F.lit(int(1000 * cfg["test_fraction"]))
-    keep = ["id", "numeric", "categorical", "label"] + (["p_true"] if "p_true" in df.columns else [])
-    train = feats.where(~is_test).select(*keep).cache()
-    test = feats.where(is_test).select(*keep).cache()
+    keep = ["id", "label"] + (["p_true"] if "p_true" in df.columns else [])
+    raw_train, raw_test = df.where(~is_test), df.where(is_test)
+    vocab = build_vocabulary(raw_train, ctr_data.CAT_COLS, min_count=cfg["vocab_min_count"], max_size=cfg["vocab_max_size"])
+    parts = cfg.get("workers") or spark.sparkContext.defaultParallelism
+    train = ctr_features(raw_train, ctr_data.DENSE_COLS, ctr_data.CAT_COLS, vocab, keep).repartition(parts).cache()
+    test = ctr_features(raw_test, ctr_data.DENSE_COLS, ctr_data.CAT_COLS, vocab, keep).cache()
     n_train, n_test = train.count(), test.count()
 
+    import keras
+
+    keras.utils.set_random_seed(cfg["seed"])  # the same initial weights on every run
     model = MODELS[cfg["model"]](
-        vocab_size=sum(buckets),
+        vocab_size=vocab.size,
         embed_dim=cfg["embed_dim"],
         hidden=tuple(cfg["hidden"]),
         learning_rate=cfg["learning_rate"],
@@ -115,7 +144,10 @@ def main(argv: list[str]) -> dict:
 
     model_path = os.path.join(out_dir, "ctr_model.keras")
     model.save(model_path)
+    with open(os.path.join(out_dir, "vocabulary.json"), "w") as f:
+        f.write(vocab.to_json())  # serving maps raw values with it
     samples = sum(e.samples for e in sm.stats.epochs)
+    comm = communication(sm.stats)
     summary = {
         "model": cfg["model"],
         "mode": cfg["mode"],
@@ -124,7 +156,7 @@ def main(argv: list[str]) -> dict:
         "epochs": len(history.history["loss"]),
         "train_rows": n_train,
         "test_rows": n_test,
-        "vocab_size": sum(buckets),
+        "vocab_size": vocab.size,
         "test_auc": exact_auc,
         "test_auc_keras": test_logs["auc"],
         "test_logloss": test_logs["loss"],
@@ -134,6 +166,7 @@ def main(argv: list[str]) -> dict:
         "train_samples_per_second": samples / train_seconds,
         "train_seconds": train_seconds,
         "data_seconds": gen_seconds,
+        "communication": comm,
         "history": history.history,
         "data": data_path,
         "model_path": model_path,
@@ -143,12 +176,20 @@ def main(argv: list[str]) -> dict:
 
     print("\n=== sparkdl_train CTR job ===")
     print(f"model {cfg['model']}  mode {cfg['mode']}/{sm.stats.frequency}  workers {sm.stats.num_workers}  epochs {summary['epochs']}")
-    print(f"rows  train {n_train}  test {n_test}  vocabulary {sum(buckets)} buckets")
+    print(f"rows  train {n_train}  test {n_test}  vocabulary {vocab.size} ids (values seen >= {vocab.min_count} times)")
     print(f"test AUC      {exact_auc:.4f}   (Bayes-optimal {summary['bayes_auc'] if bayes is None else format(bayes['auc'], '.4f')})")
     print(f"test logloss  {test_logs['loss']:.4f}   (Bayes-optimal {'n/a' if bayes is None else format(bayes['logloss'], '.4f')})")
     print(f"throughput    {summary['train_samples_per_second']:.0f} samples/s over {train_seconds:.1f} s of training")
+    if comm["engine"] == "parameter_server":
+        print(
+            f"communication {comm['bytes_per_push'] / 1e3:.1f} kB per push with {len(comm['sparse_tables'])} sparse tables, "
+            f"{comm['dense_bytes_per_push'] / 1e3:.1f} kB dense: {comm['dense_to_actual_bytes']:.1f}x fewer bytes"
+        )
+    elif comm["engine"] == "allreduce":
+        print(f"communication {comm['bytes_per_step'] / 1e3:.1f} kB per step (all ranks, dense gradients)")
     print(f"model saved   {model_path}")
-    spark.stop()
+    if own_session:
+        spark.stop()
     return summary
 
 

@@ -25,6 +25,16 @@ def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low not in ("true", "false"):
+        raise ValueError(raw)
+    return low == "true"
+
+
+_bool.__name__ = "boolean (true/false)"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How updates from workers are merged (``SparkModel(mode=..., frequency=...)``)."""
@@ -45,6 +55,7 @@ class EngineConfig:
     join_timeout: float = 30.0
     connect_timeout: float = 30.0
     idle_timeout: float = 21600.0
+    sparse_embeddings: bool | None = None  # push/pull embedding rows, not whole tables (None: when possible)
     # allreduce (barrier mode)
     allreduce_timeout: float = 600.0  # a rank waits at most this long for a peer or the rendezvous
     compression: str | None = None  # "fp16": gradients cross the wire as float16
@@ -82,6 +93,10 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.sparse_embeddings not in (None, True, False):
+            raise ConfigError(f"sparse_embeddings must be True, False or None, got {self.sparse_embeddings!r}")
+        if self.sparse_embeddings and self.mode == "allreduce":
+            raise ConfigError("sparse_embeddings applies to the parameter-server modes; mode='allreduce' averages dense gradients")
         if self.compression not in COMPRESSIONS:
             raise ConfigError(f"unknown compression {self.compression!r}; expected 'fp16' or None")
         if self.lr_scaling not in LR_SCALINGS:
@@ -110,6 +125,7 @@ class EngineConfig:
             "ps.connectTimeout": ("connect_timeout", float),
             "ps.idleTimeout": ("idle_timeout", float),
             "ps.joinTimeout": ("join_timeout", float),
+            "ps.sparseEmbeddings": ("sparse_embeddings", _bool),
             "allreduce.timeout": ("allreduce_timeout", float),
             "allreduce.compression": ("compression", str),
             "allreduce.lrScaling": ("lr_scaling", str),

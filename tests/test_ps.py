@@ -40,7 +40,7 @@ def test_async_pull_never_sees_a_half_applied_update():
         s.release(s.push(0, k, ones(1), 1))
     assert np.all(before.arrays[0] == 0) and before.version == 0  # never recycled while in use
     s.release(before)
-    assert before.arrays is None  # recycled once released
+    assert before.snap.arrays is None  # recycled once released
 
 
 def test_async_steady_state_recycles_buffers():

@@ -8,7 +8,10 @@
 * :class:`ParameterServerEngine` (every other PS mode/frequency): a parameter
   server runs in the driver for the whole fit; workers pull weights, train, and
   push weight deltas every N steps (or once per partition); the server merges
-  them by the mode's rule (:mod:`sparkdl_train.ps.state`).
+  them by the mode's rule (:mod:`sparkdl_train.ps.state`). Embedding tables
+  fed by a model input travel by rows: a worker pushes the rows its batches
+  touched and pulls the rows its next batches look up
+  (:mod:`sparkdl_train.worker.sparse`).
 
 In both, an empty partition contributes nothing and is reported; it never
 drags the average towards the starting point.
@@ -28,11 +31,13 @@ from ..data.adapters import DataAdapter
 from ..errors import DataError
 from ..merge import Partial
 from ..model_io import metrics_result, set_metric_state, set_optimizer_state, set_state
+from ..ps.protocol import frame_bytes
 from ..ps.server import ParameterServer
 from ..ps.state import ServerState
 from ..worker.ps_task import PSSettings, PSTrainTask
 from ..worker.tasks import EvaluateTask, StepSettings, TrainEpochTask
 from .session import SharedRefs
+from .sparse import find_tables
 
 log = logging.getLogger(__name__)
 
@@ -163,13 +168,19 @@ class ParameterServerEngine:
         self.config = config
         self.workers = workers
         self.secret = secrets.token_bytes(32)
+        self.tables = find_tables(model) if config.sparse_embeddings is not False else ()
+        if config.sparse_embeddings and not self.tables:
+            log.warning("sparse_embeddings=True, but no embedding table reads its ids from a model input: all weights travel whole")
+        weights = [w.numpy() for w in model.weights]
         self.state = ServerState(
-            [w.numpy() for w in model.weights],
+            weights,
             config.mode,
             staleness_bound=config.staleness_bound,
             round_timeout=config.round_timeout,
             join_timeout=config.join_timeout,
+            sparse=[t.index for t in self.tables],
         )
+        self.dense_bytes_per_push = dense_push_bytes(weights)
         self.server = ParameterServer(self.state, host, self.secret, port=config.ps_port, idle_timeout=config.idle_timeout)
         freq = config.frequency
         self.every = None if freq == "epoch" else 1 if freq == "batch" else int(freq)
@@ -188,13 +199,24 @@ class ParameterServerEngine:
         self.server.stop()
 
     def server_stats(self) -> dict[str, Any]:
-        return {**self.state.stats.as_dict(), "delta_scale": self.scale}
+        st = self.state.stats.as_dict()
+        per_push = (st["bytes_in"] + st["bytes_out"]) / st["updates"] if st["updates"] else None
+        return {
+            **st,
+            "delta_scale": self.scale,
+            "sparse_tables": [t.name for t in self.tables],
+            # everything on the wire (handshakes and pulls included) per push ...
+            "bytes_per_push": per_push,
+            # ... against one dense push and its reply, framing included
+            "dense_bytes_per_push": self.dense_bytes_per_push,
+            "dense_to_actual_bytes": self.dense_bytes_per_push / per_push if per_push else None,
+        }
 
     def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int):
         host, port = self.server.address
         ps = PSSettings(
             host, port, self.secret, self.every, scale=self.scale,
-            timeout=self.config.round_timeout + 60, connect_timeout=self.config.connect_timeout,
+            timeout=self.config.round_timeout + 60, connect_timeout=self.config.connect_timeout, tables=self.tables,
         )
         self.state.begin_epoch(self.workers)
         partial, stats = run_epoch(model, train, refs, lambda p, s: PSTrainTask(p, s, epoch, settings, ps), epoch, epochs)
@@ -203,6 +225,13 @@ class ParameterServerEngine:
             set_optimizer_state(model, partial.model.result())
         set_metric_state(model, partial.metrics)
         return metrics_result(model), stats
+
+
+def dense_push_bytes(weights: list[Any]) -> int:
+    """Bytes of one push of every weight whole and of its reply, as the protocol frames them."""
+    push = frame_bytes({"base_version": 10**6, "samples": 10**4, "rows": [], "want": []}, weights)
+    reply = frame_bytes({"version": 10**6, "rows": []}, weights)
+    return push + reply
 
 
 def make_engine(config: EngineConfig, model: Any, sc: Any, workers: int):

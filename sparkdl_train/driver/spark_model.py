@@ -41,6 +41,10 @@ class SparkModel:
             pushes ahead of the slowest waits (bounded staleness).
         delta_scale: asynchronous/hogwild only: factor applied to each pushed delta
             (default ``1 / num_workers``, so K workers together take one averaged step).
+        sparse_embeddings: parameter-server modes: push only the embedding rows a
+            worker's batches touched and pull only the rows its next batches look up,
+            for every ``Embedding`` fed straight from a model input (``None``, the
+            default: whenever there is one; ``False``: whole tables).
         num_workers: training partitions (default: the cluster's default parallelism).
         custom_objects: custom layers/losses/metrics the model uses.
         seed: seeds shuffling and the validation split.
@@ -74,6 +78,7 @@ class SparkModel:
         compression: str | None = None,
         lr_scaling: str | None = None,
         allreduce_timeout: float | None = None,
+        sparse_embeddings: bool | None = None,
     ):
         check_compiled(model)
         self._model = model
@@ -90,6 +95,7 @@ class SparkModel:
             compression=compression,
             lr_scaling=lr_scaling,
             allreduce_timeout=allreduce_timeout,
+            sparse_embeddings=sparse_embeddings,
         )
         self.config = EngineConfig(**{k: v for k, v in self._overrides.items() if v is not None})
         self.custom_objects = dict(custom_objects or {})

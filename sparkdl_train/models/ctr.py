@@ -6,19 +6,19 @@ Inputs:
 * ``categorical``: one id per field, shape ``(n_fields,)``, int32, already offset
   into one shared embedding table.
 
-Vocabulary scheme (:func:`ctr_features`): field ``f`` gets ``B_f`` hash buckets,
-``B_f = min(max_buckets, next_pow2(2 * approx_distinct(C_f)))``, and a value ``v``
-maps to ``offset_f + pmod(xxhash64(f, v), B_f)`` where ``offset_f`` is the sum of
-the buckets of the fields before it. Unseen values hash like seen ones, so
-serving needs only the bucket list, never a dictionary.
+The ids come from a frequency-threshold vocabulary
+(:mod:`sparkdl_train.models.vocabulary`): values seen at least ``min_count``
+times get their own id, the rest share one out-of-vocabulary id per field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import keras
 from keras import ops
+
+from .vocabulary import Vocabulary, build_vocabulary, ctr_features  # the feature scheme
 
 
 @keras.saving.register_keras_serializable(package="sparkdl_train")
@@ -114,35 +114,5 @@ def wide_and_deep(
 
 MODELS = {"deepfm": deepfm, "wide_deep": wide_and_deep}
 
+__all__ = ["FMInteraction", "FieldSum", "MODELS", "Vocabulary", "build_vocabulary", "ctr_features", "deepfm", "wide_and_deep"]
 
-# -- feature scheme ------------------------------------------------------------------
-
-def vocabulary(df: Any, cat_cols: Sequence[str], max_buckets: int = 1 << 14) -> list[int]:
-    """Buckets per field from approximate distinct counts (one Spark job)."""
-    from pyspark.sql import functions as F
-
-    row = df.agg(*[F.approx_count_distinct(c).alias(c) for c in cat_cols]).first()
-    out = []
-    for c in cat_cols:
-        want = max(2, 2 * int(row[c]))
-        out.append(min(max_buckets, 1 << (want - 1).bit_length()))
-    return out
-
-
-def ctr_features(df: Any, dense_cols: Sequence[str], cat_cols: Sequence[str], buckets: Sequence[int]) -> Any:
-    """Add ``numeric`` (array<float>, log1p) and ``categorical`` (array<int>, hashed + offset) columns."""
-    from pyspark.sql import functions as F
-
-    if len(buckets) != len(cat_cols):
-        raise ValueError(f"{len(cat_cols)} categorical columns but {len(buckets)} bucket sizes")
-    offsets = [0]
-    for b in buckets[:-1]:
-        offsets.append(offsets[-1] + b)
-    numeric = F.array(*[F.log1p(F.greatest(F.col(c).cast("float"), F.lit(0.0))).cast("float") for c in dense_cols])
-    cats = F.array(
-        *[
-            (F.lit(off) + F.pmod(F.xxhash64(F.lit(i), F.col(c)), F.lit(b))).cast("int")
-            for i, (c, b, off) in enumerate(zip(cat_cols, buckets, offsets))
-        ]
-    )
-    return df.withColumn("numeric", numeric).withColumn("categorical", cats)

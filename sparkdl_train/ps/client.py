@@ -49,14 +49,22 @@ class PSClient:
         P.expect(P.Msg.WEIGHTS, got, meta)
         return int(meta["version"]), arrays
 
-    def pull(self) -> tuple[int, list[np.ndarray]]:
-        """The server's version and weights. The arrays are read-only views into this
-        client's receive buffer: valid until its next ``pull``/``push``."""
-        return self._call(P.Msg.PULL, {})
+    def pull(self, want: dict[int, np.ndarray] | None = None) -> tuple[int, list[np.ndarray]]:
+        """The server's version and weights; a table named in ``want`` comes back as just
+        the rows with those ids. The arrays are read-only views into this client's
+        receive buffer: valid until its next ``pull``/``push``."""
+        keys, ids = P.pack_want(want)
+        return self._call(P.Msg.PULL, {"want": keys}, ids)
 
-    def push(self, delta: Sequence[np.ndarray], base_version: int, samples: int) -> tuple[int, list[np.ndarray]]:
-        """Send a delta; returns the server's weights after applying it (after the round, in sync mode)."""
-        return self._call(P.Msg.PUSH, {"base_version": base_version, "samples": samples}, delta)
+    def push(
+        self, delta: Sequence[Any], base_version: int, samples: int, want: dict[int, np.ndarray] | None = None
+    ) -> tuple[int, list[np.ndarray]]:
+        """Send a delta (arrays, or ``SparseRows`` for tables); returns the server's weights
+        after applying it (after the round, in sync mode), with ``want`` as in :meth:`pull`."""
+        rows, arrays = P.pack_update(delta)
+        keys, ids = P.pack_want(want)
+        meta = {"base_version": base_version, "samples": samples, "rows": rows, "want": keys}
+        return self._call(P.Msg.PUSH, meta, [*arrays, *ids])
 
     def done(self) -> None:
         self.bytes_sent += P.send(self._sock, P.Msg.DONE)

@@ -14,6 +14,16 @@ Handshake (mutual, per-fit secret, HMAC-SHA256)::
     client -> AUTH      {proof = HMAC(secret, "client" | server_nonce | client_nonce)}
     server -> AUTH_OK
 
+Messages after the handshake (arrays in model order)::
+
+    PULL    {want: [i, ...]}                    ids of the rows wanted from each listed table
+    PUSH    {base_version, samples, rows: [i, ...], want: [i, ...]}
+            one delta per weight, except that each table listed in ``rows`` sends
+            two arrays instead (its touched ids, strictly increasing, and their
+            delta rows); then the wanted ids
+    WEIGHTS {version, rows: [i, ...]}        one array per weight; each table in
+            ``rows`` sends only the rows that were asked for, in the order asked
+
 Until AUTH_OK the server accepts frames of at most ``PREAUTH_MAX_BYTES``, so an
 unauthenticated peer cannot make it allocate a model-sized buffer.
 """
@@ -31,6 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import wire
+from .state import SparseRows
 
 MAGIC = b"SDPS"
 VERSION = 1
@@ -148,3 +159,62 @@ def expect(kind: Msg, got: Msg, meta: dict[str, Any]) -> None:
         raise ProtocolError(f"server error: {meta.get('error', 'unknown')}")
     if got != kind:
         raise ProtocolError(f"expected {kind.name}, got {got.name}")
+
+
+def frame_bytes(meta: dict[str, Any], arrays: Sequence[np.ndarray]) -> int:
+    """The exact size of the frame :func:`send` would write (nothing is copied)."""
+    return HEADER.size + sum(memoryview(p).nbytes for p in wire.encode_parts(meta, arrays))
+
+
+def _index_list(meta: dict[str, Any], key: str, n: int) -> list[int]:
+    got = meta.get(key, [])
+    if not isinstance(got, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in got):
+        raise ProtocolError(f"'{key}' must be a list of array indices below {n}")
+    if len(set(got)) != len(got):
+        raise ProtocolError(f"'{key}' lists an array twice")
+    return got
+
+
+def pack_want(want: dict[int, np.ndarray] | None) -> tuple[list[int], list[np.ndarray]]:
+    if not want:
+        return [], []
+    keys = sorted(want)
+    return keys, [np.asarray(want[i]) for i in keys]
+
+
+def pack_update(delta: Sequence[Any]) -> tuple[list[int], list[np.ndarray]]:
+    """Flatten a delta (arrays, or :class:`SparseRows` for tables) into frame arrays."""
+    rows: list[int] = []
+    arrays: list[np.ndarray] = []
+    for i, d in enumerate(delta):
+        if isinstance(d, SparseRows):
+            rows.append(i)
+            arrays.extend((d.ids, d.rows))
+        else:
+            arrays.append(d)
+    return rows, arrays
+
+
+def unpack_update(meta: dict[str, Any], arrays: list[np.ndarray], n: int) -> tuple[list[Any], dict[int, np.ndarray] | None]:
+    """Inverse of :func:`pack_update` plus the wanted rows (shape checks are the state's)."""
+    rows = set(_index_list(meta, "rows", n))
+    want_keys = _index_list(meta, "want", n)
+    expected = n + len(rows) + len(want_keys)
+    if len(arrays) != expected:
+        raise ProtocolError(f"update carries {len(arrays)} arrays, its header announces {expected}")
+    delta: list[Any] = []
+    pos = 0
+    for i in range(n):
+        if i in rows:
+            delta.append(SparseRows(arrays[pos], arrays[pos + 1]))
+            pos += 2
+        else:
+            delta.append(arrays[pos])
+            pos += 1
+    return delta, unpack_want(want_keys, arrays[pos:])
+
+
+def unpack_want(keys: list[int], arrays: list[np.ndarray]) -> dict[int, np.ndarray] | None:
+    if len(arrays) != len(keys):
+        raise ProtocolError(f"{len(arrays)} id arrays for {len(keys)} wanted tables")
+    return dict(zip(keys, arrays)) if keys else None

@@ -34,8 +34,10 @@ class ParameterServer:
         self._secret = secret
         self.idle_timeout = idle_timeout
         self.handshake_timeout = handshake_timeout
-        # a push carries one delta per weight; allow framing overhead on top
-        self.max_frame_bytes = state.nbytes + 1_048_576 + 512 * len(state.shapes)
+        # a push carries one delta per weight, and for a table at most every row id twice
+        # (touched and wanted, int64); allow framing overhead on top
+        table_rows = sum(state.shapes[i][0] for i in state.sparse)
+        self.max_frame_bytes = state.nbytes + 16 * table_rows + 1_048_576 + 1024 * len(state.shapes)
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._conns: set[socket.socket] = set()
@@ -157,17 +159,20 @@ class ParameterServer:
 
     def _loop(self, conn: socket.socket, worker: int) -> None:
         state = self.state
+        n = len(state.shapes)
         buffer = P.RecvBuffer()  # a delta is applied before the next frame overwrites it
         while True:
-            kind, meta, arrays, n = P.recv(conn, self.max_frame_bytes, buffer)
-            state.stats.add_bytes(received=n)
+            kind, meta, arrays, size = P.recv(conn, self.max_frame_bytes, buffer)
+            state.stats.add_bytes(received=size)
             if kind == P.Msg.PULL:
-                snap = state.pull()
+                want = P.unpack_want(P._index_list(meta, "want", n), arrays)
+                reply = state.pull(want)
             elif kind == P.Msg.PUSH:
                 base, samples = meta.get("base_version"), meta.get("samples")
                 if not isinstance(base, int) or not isinstance(samples, int) or samples < 0:
                     raise P.ProtocolError("PUSH needs integer base_version and samples")
-                snap = state.push(worker, base, arrays, samples)
+                delta, want = P.unpack_update(meta, arrays, n)
+                reply = state.push(worker, base, delta, samples, want)
             elif kind == P.Msg.DONE:
                 state.leave(worker)
                 state.stats.add_bytes(sent=P.send(conn, P.Msg.ACK))
@@ -175,6 +180,7 @@ class ParameterServer:
             else:
                 raise P.ProtocolError(f"unexpected {kind.name} from worker {worker}")
             try:
-                state.stats.add_bytes(sent=P.send(conn, P.Msg.WEIGHTS, {"version": snap.version}, snap.arrays))
+                rows = sorted(want) if want else []
+                state.stats.add_bytes(sent=P.send(conn, P.Msg.WEIGHTS, {"version": reply.version, "rows": rows}, reply.arrays))
             finally:
-                state.release(snap)
+                state.release(reply)

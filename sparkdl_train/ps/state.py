@@ -14,6 +14,14 @@ Keras optimizer):
   ``staleness_bound`` pushes ahead of the slowest worker waits.
 * ``hogwild``: each delta is added in place with no lock; pulls may observe a
   partly applied update (lock-free, Hogwild!-style).
+
+Sparse tables (embedding matrices named by ``sparse``) live outside the
+snapshots, in one array each that is updated in place: a push carries only the
+rows its worker touched (:class:`SparseRows`) and a reply carries only the rows
+the worker asked for, gathered (copied) under the same lock that orders the
+updates. A synchronous round adds the sample-weighted sum of every worker's
+rows divided by the round's total samples: exactly the dense mean with zeros
+for the rows a worker did not touch.
 """
 
 from __future__ import annotations
@@ -75,8 +83,16 @@ class PSStats:
         }
 
 
+@dataclass(frozen=True)
+class SparseRows:
+    """A delta for some rows of a table: ``table[ids] += rows``; ``ids`` strictly increasing."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+
+
 class Snapshot:
-    """One version of the weights. ``users`` counts senders still reading it."""
+    """One version of the dense weights. ``users`` counts senders still reading it."""
 
     __slots__ = ("version", "arrays", "users")
 
@@ -86,7 +102,46 @@ class Snapshot:
         self.users = 0
 
 
+class Reply:
+    """What to send a worker: the full weight list, dense arrays shared with a
+    snapshot (hand the reply back with :meth:`ServerState.release` once sent)
+    and table rows copied out for this worker."""
+
+    __slots__ = ("version", "arrays", "snap")
+
+    def __init__(self, version: int, arrays: list[np.ndarray], snap: Snapshot):
+        self.version = version
+        self.arrays = arrays
+        self.snap = snap
+
+
 _MAX_FREE_BUFFERS = 2
+
+
+def _check_ids(ids: Any, n_rows: int, what: str, unique: bool) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise ValueError(f"{what}: row ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}")
+    if len(ids):
+        if int(ids.min()) < 0 or int(ids.max()) >= n_rows:
+            raise ValueError(f"{what}: row ids must lie in [0, {n_rows}), got [{int(ids.min())}, {int(ids.max())}]")
+        if unique and len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+            raise ValueError(f"{what}: row ids must be strictly increasing (unique)")
+    if len(ids) > n_rows:
+        raise ValueError(f"{what}: {len(ids)} row ids for a table of {n_rows} rows")
+    return ids
+
+
+def _sum_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sum rows with equal ids over several ``(ids, rows)`` parts: ``(unique ids, summed rows)``."""
+    ids = np.concatenate([p[0] for p in parts])
+    rows = np.concatenate([p[1] for p in parts])
+    order = np.argsort(ids, kind="stable")
+    ids, rows = ids[order], rows[order]
+    if len(ids) == 0:
+        return ids, rows
+    starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
+    return ids[starts], np.add.reduceat(rows, starts, axis=0)
 
 
 class ServerState:
@@ -97,6 +152,7 @@ class ServerState:
         staleness_bound: int | None = None,
         round_timeout: float = 600.0,
         join_timeout: float = 30.0,
+        sparse: Sequence[int] = (),
     ):
         if mode not in MODES:
             raise ValueError(f"unknown parameter-server mode {mode!r}; expected one of {MODES}")
@@ -104,11 +160,19 @@ class ServerState:
         self.staleness_bound = staleness_bound
         self.round_timeout = round_timeout
         self.join_timeout = join_timeout
-        self._current = Snapshot(0, [np.array(w, copy=True) for w in weights])
+        arrays = [np.array(w, copy=True) for w in weights]
+        self.shapes = [w.shape for w in arrays]
+        self.dtypes = [w.dtype for w in arrays]
+        self.nbytes = sum(w.nbytes for w in arrays)
+        for i in sparse:
+            if not 0 <= i < len(arrays) or arrays[i].ndim < 1 or arrays[i].dtype.kind != "f":
+                raise ValueError(f"sparse table {i} must index a floating-point array with rows")
+        self.sparse = tuple(sorted(set(sparse)))
+        self._tables = {i: arrays[i] for i in self.sparse}  # live, updated in place
+        self._dense = [i for i in range(len(arrays)) if i not in self._tables]
+        self._current = Snapshot(0, [arrays[i] for i in self._dense])
         self._free: list[list[np.ndarray]] = []
-        self.shapes = [w.shape for w in self._current.arrays]
-        self.dtypes = [w.dtype for w in self._current.arrays]
-        self.nbytes = sum(w.nbytes for w in self._current.arrays)
+        self._round_rows: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._hog_versions = itertools.count(1)
         self._cond = threading.Condition()
         self.stats = PSStats()
@@ -131,6 +195,7 @@ class ServerState:
             self._clock.clear()
             self._round_pushed.clear()
             self._round_acc = WeightedMean()
+            self._round_rows = {}
             self._join_deadline = time.monotonic() + self.join_timeout
             self._failed = None
 
@@ -159,22 +224,51 @@ class ServerState:
     def version(self) -> int:
         return self._current.version
 
-    def pull(self) -> Snapshot:
-        """The current weights; hand the snapshot back with :meth:`release` once sent."""
-        with self._cond:
-            snap = self._current
-            snap.users += 1
-            return snap
+    def pull(self, want: dict[int, np.ndarray] | None = None) -> Reply:
+        """The current weights (only the ``want`` rows of the tables it names);
+        hand the reply back with :meth:`release` once sent."""
+        want = self.check_want(want)
+        with self._cond:  # in hogwild mode too: updates take no lock, so reads may still see them half applied
+            return self._reply(want)
 
-    def release(self, snap: Snapshot) -> None:
+    def release(self, reply: Reply) -> None:
         with self._cond:
-            snap.users -= 1
-            self._recycle(snap)
+            reply.snap.users -= 1
+            self._recycle(reply.snap)
 
     def snapshot(self) -> list[np.ndarray]:
         """A private copy of the current weights."""
         with self._cond:
-            return [w.copy() for w in self._current.arrays]
+            out: list[Any] = [None] * len(self.shapes)
+            for i, w in zip(self._dense, self._current.arrays):
+                out[i] = w.copy()
+            for i, t in self._tables.items():
+                out[i] = t.copy()
+            return out
+
+    def _reply(self, want: dict[int, np.ndarray] | None) -> Reply:
+        """Caller holds the lock."""
+        snap = self._current
+        snap.users += 1
+        if not self._tables:
+            return Reply(snap.version, snap.arrays, snap)
+        arrays: list[Any] = [None] * len(self.shapes)
+        for i, w in zip(self._dense, snap.arrays):
+            arrays[i] = w
+        for i, t in self._tables.items():
+            ids = None if want is None else want.get(i)
+            arrays[i] = t.copy() if ids is None else t[ids]
+        return Reply(snap.version, arrays, snap)
+
+    def check_want(self, want: dict[int, np.ndarray] | None) -> dict[int, np.ndarray] | None:
+        if want is None:
+            return None
+        out = {}
+        for i, ids in want.items():
+            if i not in self._tables:
+                raise ValueError(f"rows requested from array {i}, which is not a sparse table")
+            out[i] = _check_ids(ids, self.shapes[i][0], f"rows wanted from table {i}", unique=False)
+        return out
 
     # -- snapshots (caller holds the lock) -----------------------------------------------
     def _recycle(self, snap: Snapshot) -> None:
@@ -184,7 +278,7 @@ class ServerState:
             snap.arrays = None
 
     def _apply(self, update: Sequence[np.ndarray]) -> None:
-        """Publish ``current + update`` as a new snapshot, reusing a free buffer set."""
+        """Publish ``current + update`` (dense arrays) as a new snapshot, reusing a free buffer set."""
         old = self._current
         out = self._free.pop() if self._free else [np.empty_like(w) for w in old.arrays]
         for w, u, o in zip(old.arrays, update, out):
@@ -193,23 +287,50 @@ class ServerState:
         self._recycle(old)
 
     # -- updates ---------------------------------------------------------------------
-    def check_delta(self, delta: Sequence[np.ndarray]) -> None:
+    def check_delta(self, delta: Sequence[Any]) -> tuple[list[np.ndarray], dict[int, SparseRows]]:
+        """Validate a delta; split it into the dense arrays and the table rows."""
         if len(delta) != len(self.shapes):
             raise ValueError(f"update has {len(delta)} arrays, the model has {len(self.shapes)}")
+        dense: list[np.ndarray] = []
+        rows: dict[int, SparseRows] = {}
         for i, (d, s) in enumerate(zip(delta, self.shapes)):
+            if isinstance(d, SparseRows):
+                if i not in self._tables:
+                    raise ValueError(f"update array {i} sends rows, but array {i} is not a sparse table")
+                ids = _check_ids(d.ids, s[0], f"update of table {i}", unique=True)
+                if d.rows.shape != (len(ids), *s[1:]):
+                    raise ValueError(f"update of table {i}: rows have shape {d.rows.shape}, expected {(len(ids), *s[1:])}")
+                if d.rows.dtype.kind != "f":
+                    raise ValueError(f"update of table {i} has dtype {d.rows.dtype}; deltas must be floating point")
+                rows[i] = SparseRows(ids, d.rows)
+                continue
             if d.shape != s:
                 raise ValueError(f"update array {i} has shape {d.shape}, expected {s}")
             if d.dtype.kind != "f":
                 raise ValueError(f"update array {i} has dtype {d.dtype}; deltas must be floating point")
+            if i in self._tables:
+                rows[i] = SparseRows(np.arange(s[0]), d)  # a whole table sent densely
+            else:
+                dense.append(d)
+        return dense, rows
 
-    def push(self, worker: int, base_version: int, delta: Sequence[np.ndarray], samples: int) -> Snapshot:
-        """Apply ``delta`` by the mode's rule; returns the weights to send back (then :meth:`release`)."""
-        self.check_delta(delta)
+    def push(
+        self, worker: int, base_version: int, delta: Sequence[Any], samples: int, want: dict[int, np.ndarray] | None = None
+    ) -> Reply:
+        """Apply ``delta`` (arrays, or :class:`SparseRows` for tables) by the mode's rule; returns
+        the weights to send back, with only the ``want`` rows of the tables it names (then :meth:`release`)."""
+        dense, rows = self.check_delta(delta)
+        want = self.check_want(want)
         if self.mode == "synchronous":
-            return self._push_sync(worker, delta, samples)
+            return self._push_sync(worker, dense, rows, samples, want)
         if self.mode == "asynchronous":
-            return self._push_async(worker, base_version, delta, samples)
-        return self._push_hogwild(worker, base_version, delta, samples)
+            return self._push_async(worker, base_version, dense, rows, samples, want)
+        return self._push_hogwild(worker, base_version, dense, rows, samples, want)
+
+    def _add_rows(self, rows: dict[int, SparseRows]) -> None:
+        for i, r in rows.items():
+            t = self._tables[i]
+            t[r.ids] += r.rows.astype(t.dtype, copy=False)  # ids are unique: no lost additions
 
     def _count(self, worker: int, samples: int, staleness: int) -> None:
         st = self.stats
@@ -231,7 +352,7 @@ class ServerState:
             if self.mode == "synchronous":
                 self._maybe_complete_round()
 
-    def _push_async(self, worker, base_version, delta, samples):
+    def _push_async(self, worker, base_version, delta, rows, samples, want):
         with self._cond:
             if self.staleness_bound is not None:
                 mine = self._clock.get(worker, 0)
@@ -246,37 +367,37 @@ class ServerState:
                     self._wait(ready, f"worker {worker} waiting for slower workers (staleness bound {self.staleness_bound})")
                     self.stats.wait_seconds += time.monotonic() - start
             self._apply(delta)
+            self._add_rows(rows)
             self._count(worker, samples, self._current.version - 1 - base_version)
             self._clock[worker] = self._clock.get(worker, 0) + 1
             self._cond.notify_all()
-            snap = self._current
-            snap.users += 1
-            return snap
+            return self._reply(want)
 
-    def _push_hogwild(self, worker, base_version, delta, samples):
+    def _push_hogwild(self, worker, base_version, delta, rows, samples, want):
         snap = self._current  # never replaced in hogwild mode: one set of live arrays
         for w, d in zip(snap.arrays, delta):
             np.add(w, d, out=w, casting="same_kind")  # no lock: concurrent adds and reads may interleave
+        self._add_rows(rows)
         version = next(self._hog_versions)
         with self._cond:  # bookkeeping only
             snap.version = max(snap.version, version)
             self._count(worker, samples, max(0, version - 1 - base_version))
-            snap.users += 1
-            return snap
+            return self._reply(want)
 
-    def _push_sync(self, worker, delta, samples):
+    def _push_sync(self, worker, delta, rows, samples, want):
         with self._cond:
             if worker in self._round_pushed:
                 raise ValueError(f"worker {worker} pushed twice in synchronous round {self._round}")
             my_round = self._round
-            self._round_acc = self._round_acc.merge(WeightedMean.of(list(delta), max(samples, 1)))
+            weight = max(samples, 1)
+            self._round_acc = self._round_acc.merge(WeightedMean.of(list(delta), weight))
+            for i, r in rows.items():
+                self._round_rows.setdefault(i, []).append((r.ids, r.rows.astype(np.float64) * weight))
             self._round_pushed.add(worker)
             self._count(worker, samples, 0)
             self._maybe_complete_round()
             self._wait(lambda: self._round > my_round, f"synchronous round {my_round} (waiting for workers {sorted(self._active - self._round_pushed)})")
-            snap = self._current
-            snap.users += 1
-            return snap
+            return self._reply(want)
 
     def _maybe_complete_round(self) -> None:
         """Caller holds the lock."""
@@ -284,9 +405,15 @@ class ServerState:
             return
         if len(self._joined) < self._expected and time.monotonic() < self._join_deadline:
             return  # workers of this epoch may still be starting
+        total = self._round_acc.total_weight
         self._apply(self._round_acc.result())
+        for i, parts in self._round_rows.items():
+            ids, summed = _sum_rows(parts)
+            summed /= total
+            self._add_rows({i: SparseRows(ids, summed)})
         self._round += 1
         self.stats.rounds += 1
         self._round_acc = WeightedMean()
+        self._round_rows = {}
         self._round_pushed = set()
         self._cond.notify_all()

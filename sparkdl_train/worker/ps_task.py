@@ -1,10 +1,14 @@
-"""Executor side of the parameter-server engine: train a partition, pushing deltas."""
+"""Executor side of the parameter-server engine: train a partition, pushing deltas.
+
+Dense weights travel whole; embedding tables named in :class:`PSSettings`
+travel by rows (:mod:`sparkdl_train.worker.sparse`).
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -12,8 +16,12 @@ from ..data.batching import Batch, rebatch
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state
 from ..ps.client import PSClient
+from .sparse import Lookahead, SparseTable, TableSync
 from .steps import run_steps
 from .tasks import Ref, StepSettings, _info, _model
+
+
+MAX_LOOKAHEAD = 256  # batches read ahead to know which table rows a window needs
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,33 @@ class PSSettings:
     scale: float = 1.0  # multiplies each delta before it is pushed
     timeout: float = 660.0
     connect_timeout: float = 30.0
+    tables: tuple[SparseTable, ...] = ()  # embedding tables pushed and pulled by rows
+
+
+class DenseSync:
+    """Every weight travels whole (no sparse tables)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self._base: list[np.ndarray] = []
+
+    def track(self, batches: Iterable[Batch]) -> Iterable[Batch]:
+        return batches
+
+    def want(self, window: Any) -> None:
+        return None
+
+    def delta(self, scale: float) -> list[np.ndarray]:
+        local = [np.asarray(v.numpy()) for v in self.model.weights]
+        delta = [np.subtract(a, b, dtype=a.dtype) for a, b in zip(local, self._base)]
+        if scale != 1.0:
+            for d in delta:
+                d *= scale
+        return delta
+
+    def receive(self, arrays: list[np.ndarray], want: None) -> None:
+        self.model.set_weights(arrays)
+        self._base = arrays  # views into the client's buffer, valid until the next request
 
 
 @dataclass(frozen=True)
@@ -43,28 +78,33 @@ class PSTrainTask:
         model = _model(self.payload, self.state, s)  # optimizer slots from the driver's broadcast
         model.reset_metrics()
         rng = np.random.default_rng([s.seed, self.epoch, partition])
-        batches = rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng)
         ps = self.ps
+        ahead = Lookahead(rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng))
+        sync: Any = TableSync(model, ps.tables) if ps.tables else DenseSync(model)
+        # with tables, read the next window ahead so that only its rows are pulled
+        window = ps.every if ps.tables and ps.every is not None and ps.every <= MAX_LOOKAHEAD else None
+
+        def want() -> dict[int, np.ndarray] | None:
+            return sync.want(ahead.peek(window)) if window else None
+
         with PSClient(ps.host, ps.port, ps.secret, partition, ps.timeout, ps.connect_timeout) as client:
-            version, base = client.pull()
-            model.set_weights(base)
-            mark = {"version": version, "base": base, "steps": 0, "samples": 0, "pushes": 0}
+            wanted = want()
+            version, fresh = client.pull(wanted)
+            sync.receive(fresh, wanted)
+            mark = {"version": version, "steps": 0, "samples": 0, "pushes": 0}
 
             def push(steps: int, samples: int) -> None:
-                local = [np.asarray(v.numpy()) for v in model.weights]
-                delta = [np.subtract(a, b, dtype=a.dtype) for a, b in zip(local, mark["base"])]
-                if ps.scale != 1.0:
-                    for d in delta:
-                        d *= ps.scale
-                version, fresh = client.push(delta, mark["version"], samples - mark["samples"])
-                model.set_weights(fresh)
-                mark.update(version=version, base=fresh, steps=steps, samples=samples, pushes=mark["pushes"] + 1)
+                delta = sync.delta(ps.scale)
+                wanted = want()
+                version, fresh = client.push(delta, mark["version"], samples - mark["samples"], wanted)
+                sync.receive(fresh, wanted)
+                mark.update(version=version, steps=steps, samples=samples, pushes=mark["pushes"] + 1)
 
             def on_batch(steps: int, samples: int) -> None:
                 if ps.every is not None and steps - mark["steps"] >= ps.every:
                     push(steps, samples)
 
-            samples, steps = run_steps(model, batches, training=True, on_batch=on_batch)
+            samples, steps = run_steps(model, sync.track(ahead), training=True, on_batch=on_batch)
             if steps > mark["steps"]:
                 push(steps, samples)
             client.done()

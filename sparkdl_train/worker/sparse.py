@@ -1,0 +1,170 @@
+"""Executor side of sparse embedding updates with the parameter server.
+
+An embedding table fed directly by a model input is synchronised by rows:
+
+* before a window of ``every`` steps the worker asks the server for just the
+  rows those batches will look up (it reads the window ahead of training);
+* after the window it pushes the deltas of just the rows its batches touched;
+* rows it does not hold fresh are never read by its train steps, so they may
+  go stale locally; their local drift (e.g. Adam momentum on rows the window
+  did not look up) is not pushed, as with lazy/sparse optimizers.
+
+Dense weights still travel whole. Everything here is plain data and numpy, plus
+row gathers/scatters on the Keras variables.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..data.batching import Batch
+from ..ps.state import SparseRows
+
+
+@dataclass(frozen=True)
+class SparseTable:
+    """A table synchronised by rows: ``model.weights[index]``, looked up by the model input
+    ``input_key`` (dict key) / ``input_position`` (position in ``model.inputs``)."""
+
+    index: int
+    name: str
+    rows: int
+    input_key: str
+    input_position: int
+
+    def ids(self, x: Any) -> np.ndarray:
+        """The (raw, possibly repeated) ids this table looks up for the features ``x`` of a batch."""
+        if isinstance(x, dict):
+            try:
+                a = x[self.input_key]
+            except KeyError:
+                raise KeyError(f"embedding table {self.name!r} reads input {self.input_key!r}, which the batch lacks") from None
+        elif isinstance(x, (list, tuple)):
+            a = x[self.input_position]
+        else:
+            a = x
+        a = np.asarray(a).reshape(-1)
+        return a if a.dtype.kind in "iu" else a.astype(np.int64)
+
+
+class Lookahead:
+    """An iterator of batches that can be read ahead without losing what was read."""
+
+    def __init__(self, batches: Iterable[Batch]):
+        self._it = iter(batches)
+        self._buf: deque[Batch] = deque()
+
+    def peek(self, n: int) -> list[Batch]:
+        while len(self._buf) < n:
+            try:
+                self._buf.append(next(self._it))
+            except StopIteration:
+                break
+        return list(islice(self._buf, n))
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            if self._buf:
+                yield self._buf.popleft()
+                continue
+            try:
+                yield next(self._it)
+            except StopIteration:
+                return
+
+
+def _wire_ids(ids: np.ndarray, rows: int) -> np.ndarray:
+    return ids.astype(np.int32 if rows < 2**31 else np.int64, copy=False)
+
+
+class TableSync:
+    """Row-wise state of the worker's tables: what was pulled (the delta base) and what was touched."""
+
+    def __init__(self, model: Any, tables: Sequence[SparseTable]):
+        self.model = model
+        self.tables = tuple(tables)
+        self._vars = {t.index: model.weights[t.index] for t in self.tables}
+        self._base = {t.index: np.array(self._vars[t.index].numpy(), copy=True) for t in self.tables}
+        self._touched = {t.index: np.zeros(t.rows, dtype=bool) for t in self.tables}
+        self._dense = [i for i in range(len(model.weights)) if i not in self._vars]
+        self._dense_base: list[np.ndarray] = []
+
+    # -- what the batches look up --------------------------------------------------------
+    def track(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """Pass batches through, marking the rows each one looks up as touched."""
+        for batch in batches:
+            for t in self.tables:
+                self._touched[t.index][t.ids(batch[0])] = True
+            yield batch
+
+    def want(self, window: Sequence[Batch]) -> dict[int, np.ndarray]:
+        """Ids (unique, sorted) of the rows the batches of ``window`` look up, per table."""
+        out = {}
+        for t in self.tables:
+            ids = [t.ids(b[0]) for b in window]
+            u = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+            out[t.index] = _wire_ids(u, t.rows)
+        return out
+
+    # -- pushing and receiving -------------------------------------------------------------
+    def delta(self, scale: float) -> list[Any]:
+        """Deltas since the last receive: dense arrays whole, tables as the touched rows only."""
+        out: list[Any] = [None] * len(self.model.weights)
+        for i, base in zip(self._dense, self._dense_base):
+            local = np.asarray(self.model.weights[i].numpy())
+            out[i] = np.subtract(local, base, dtype=local.dtype)
+        for t in self.tables:
+            mask = self._touched[t.index]
+            ids = np.flatnonzero(mask)
+            mask[:] = False
+            rows = _gather(self._vars[t.index], ids) - self._base[t.index][ids]
+            out[t.index] = SparseRows(_wire_ids(ids, t.rows), rows)
+        if scale != 1.0:
+            for d in out:
+                (d.rows if isinstance(d, SparseRows) else d).__imul__(scale)
+        return out
+
+    def receive(self, arrays: Sequence[np.ndarray], want: dict[int, np.ndarray] | None) -> None:
+        """Adopt the server's reply: dense weights whole, tables whole (``want`` None) or the wanted rows."""
+        self._dense_base = [arrays[i] for i in self._dense]  # views, valid until the next request
+        for i in self._dense:
+            self.model.weights[i].assign(arrays[i])
+        for t in self.tables:
+            got = arrays[t.index]
+            if want is None:
+                self._vars[t.index].assign(got)
+                self._base[t.index][...] = got
+            else:
+                ids = want[t.index]
+                if got.shape[0] != len(ids):
+                    raise ValueError(f"server sent {got.shape[0]} rows of table {t.name!r}, {len(ids)} were asked for")
+                _scatter(self._vars[t.index], ids, got)
+                self._base[t.index][ids] = got
+
+
+def _gather(var: Any, ids: np.ndarray) -> np.ndarray:
+    import keras
+
+    if len(ids) == 0:
+        return np.zeros((0, *var.shape[1:]), dtype=np.dtype(var.dtype))
+    return np.asarray(keras.ops.convert_to_numpy(keras.ops.take(var, ids, axis=0)))
+
+
+def _scatter(var: Any, ids: np.ndarray, rows: np.ndarray) -> None:
+    """``var[ids] = rows`` in place (TensorFlow variables), else through a full assign."""
+    if len(ids) == 0:
+        return
+    value = getattr(var, "value", None)
+    if hasattr(value, "scatter_update"):
+        import tensorflow as tf
+
+        value.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(rows), tf.convert_to_tensor(ids)))
+        return
+    full = np.array(var.numpy(), copy=True)
+    full[ids] = rows
+    var.assign(full)

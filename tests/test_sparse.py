@@ -1,0 +1,218 @@
+"""Sparse embedding updates: the server's row rules, the wire, and the worker's bookkeeping (no Spark)."""
+
+import threading
+
+import keras
+import numpy as np
+import pytest
+
+from sparkdl_train.driver.engine import dense_push_bytes
+from sparkdl_train.driver.sparse import find_tables
+from sparkdl_train.ps import protocol as P
+from sparkdl_train.ps.client import PSClient
+from sparkdl_train.ps.server import ParameterServer
+from sparkdl_train.ps.state import ServerState, SparseRows, _sum_rows
+from sparkdl_train.worker.sparse import Lookahead, TableSync
+
+TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
+BIAS = np.zeros(4, np.float32)
+
+
+def state(mode, **kw):
+    return ServerState([TABLE, BIAS], mode, sparse=[0], **kw)
+
+
+def rows(ids, value, dim=4):
+    ids = np.asarray(ids, np.int32)
+    return SparseRows(ids, np.full((len(ids), dim), value, np.float32))
+
+
+def test_async_push_touches_only_its_rows_and_reply_carries_only_wanted_rows():
+    s = state("asynchronous")
+    r = s.push(0, 0, [rows([1, 7], 1.0), np.ones(4, np.float32)], 5, want={0: np.array([7, 2])})
+    assert r.version == 1
+    np.testing.assert_array_equal(r.arrays[0], np.stack([TABLE[7] + 1, TABLE[2]]))  # in the order asked
+    np.testing.assert_array_equal(r.arrays[1], 1)
+    s.release(r)
+    full = s.snapshot()[0]
+    expect = TABLE.copy()
+    expect[[1, 7]] += 1
+    np.testing.assert_array_equal(full, expect)
+    assert s.pull().arrays[0].shape == (10, 4)  # no want: the whole table
+
+
+def test_a_reply_is_a_copy_that_later_pushes_do_not_change():
+    s = state("asynchronous")
+    before = s.pull(want={0: np.array([3])})
+    s.release(s.push(0, 0, [rows([3], 5.0), np.zeros(4, np.float32)], 1))
+    np.testing.assert_array_equal(before.arrays[0], TABLE[[3]])
+
+
+def test_sync_round_of_rows_equals_the_dense_mean_with_zeros():
+    sparse, dense = state("synchronous", join_timeout=0.1), ServerState([TABLE, BIAS], "synchronous", join_timeout=0.1)
+    pushes = [(0, rows([0, 4], 2.0), 30), (1, rows([4, 9], -1.0), 10)]
+    for s, as_dense in ((sparse, False), (dense, True)):
+        s.begin_epoch(2)
+        s.join(0), s.join(1)
+        out = []
+
+        def go(worker, r, n, s=s, as_dense=as_dense):
+            d = np.zeros_like(TABLE)
+            d[r.ids] = r.rows
+            out.append(s.push(worker, 0, [d if as_dense else r, np.full(4, worker, np.float32)], n))
+
+        ts = [threading.Thread(target=go, args=p) for p in pushes]
+        [t.start() for t in ts]
+        [t.join(10) for t in ts]
+        assert len(out) == 2 and s.stats.rounds == 1
+    np.testing.assert_allclose(sparse.snapshot()[0], dense.snapshot()[0], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(sparse.snapshot()[0][4], TABLE[4] + (2.0 * 30 - 1.0 * 10) / 40)
+    np.testing.assert_allclose(sparse.snapshot()[0][0], TABLE[0] + 2.0 * 30 / 40)
+
+
+def test_hogwild_rows_and_dense_delta_for_a_table():
+    s = state("hogwild")
+    s.release(s.push(0, 0, [rows([2], 1.0), BIAS], 1))
+    s.release(s.push(1, 0, [np.ones_like(TABLE), BIAS], 1))  # a table may still be sent whole
+    expect = TABLE + 1
+    expect[2] += 1
+    np.testing.assert_array_equal(s.snapshot()[0], expect)
+
+
+@pytest.mark.parametrize(
+    "delta,want,message",
+    [
+        ([rows([3, 1], 1.0), BIAS], None, "strictly increasing"),
+        ([rows([1, 10], 1.0), BIAS], None, r"lie in \[0, 10\)"),
+        ([SparseRows(np.array([1]), np.zeros((1, 3), np.float32)), BIAS], None, "rows have shape"),
+        ([SparseRows(np.array([1.0]), np.zeros((1, 4), np.float32)), BIAS], None, "1-D integer"),
+        ([TABLE, rows([0], 1.0)], None, "not a sparse table"),
+        ([TABLE, BIAS], {1: np.array([0])}, "not a sparse table"),
+        ([TABLE, BIAS], {0: np.array([-1])}, r"lie in \[0, 10\)"),
+        ([TABLE, BIAS], {0: np.zeros(11, np.int64)}, "11 row ids for a table of 10 rows"),
+    ],
+)
+def test_bad_rows_are_refused_with_the_reason(delta, want, message):
+    with pytest.raises(ValueError, match=message):
+        state("asynchronous").push(0, 0, delta, 1, want=want)
+
+
+def test_sum_rows_adds_equal_ids_across_parts():
+    ids, summed = _sum_rows([(np.array([1, 5]), np.ones((2, 2))), (np.array([0, 5]), 2 * np.ones((2, 2)))])
+    assert ids.tolist() == [0, 1, 5]
+    assert summed[:, 0].tolist() == [2, 1, 3]
+
+
+# -- over sockets --------------------------------------------------------------------------
+
+def test_rows_over_the_wire_cost_a_fraction_of_the_dense_push():
+    big = np.zeros((50_000, 8), np.float32)
+    weights = [big, np.zeros(16, np.float32)]
+    srv = ParameterServer(ServerState(weights, "asynchronous", sparse=[0]), "127.0.0.1", b"k" * 32).start()
+    try:
+        with PSClient(*srv.address, b"k" * 32, 0, timeout=10) as c:
+            ids = np.arange(0, 50_000, 500, dtype=np.int32)  # 100 touched rows
+            want = {0: np.array([5, 500], np.int32)}
+            before = c.bytes_sent + c.bytes_received
+            v, got = c.push([SparseRows(ids, np.ones((100, 8), np.float32)), np.ones(16, np.float32)], 0, 4, want)
+            used = c.bytes_sent + c.bytes_received - before
+            assert v == 1 and got[0].shape == (2, 8)
+            np.testing.assert_array_equal(got[0][:, 0], [0, 1])  # row 5 untouched, row 500 pushed
+            np.testing.assert_array_equal(got[1], 1)
+            dense = dense_push_bytes(weights)
+            assert dense > 2 * big.nbytes and used < 5000 and dense / used > 300
+            v, full = c.pull()  # a plain pull still gets the whole table
+            assert full[0].shape == (50_000, 8) and full[0][500, 0] == 1
+            with pytest.raises(P.ProtocolError, match="strictly increasing"):
+                c.push([SparseRows(ids[::-1].copy(), np.ones((100, 8), np.float32)), np.ones(16, np.float32)], v, 1)
+    finally:
+        srv.stop()
+    assert srv.threads_alive() == 0
+
+
+def test_frames_announcing_the_wrong_number_of_arrays_are_refused():
+    meta = {"rows": [0], "want": [0]}
+    with pytest.raises(P.ProtocolError, match="announces 4"):
+        P.unpack_update(meta, [np.zeros(1)] * 3, 2)
+    with pytest.raises(P.ProtocolError, match="list of array indices"):
+        P.unpack_update({"rows": [5]}, [np.zeros(1)] * 3, 2)
+    with pytest.raises(P.ProtocolError, match="twice"):
+        P.unpack_update({"rows": [0, 0]}, [np.zeros(1)] * 4, 2)
+
+
+# -- worker side ---------------------------------------------------------------------------
+
+def _two_input_model():
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    num = keras.Input((2,), name="num")
+    shifted = keras.layers.Lambda(lambda t: t + 1, name="shift")(ids)
+    e1 = keras.layers.Embedding(20, 4, name="direct")(ids)
+    e2 = keras.layers.Embedding(30, 2, name="computed")(shifted)
+    h = keras.layers.Concatenate()([keras.layers.Flatten()(e1), keras.layers.Flatten()(e2), num])
+    out = keras.layers.Dense(1, activation="sigmoid")(h)
+    m = keras.Model({"num": num, "ids": ids}, out)
+    m.compile(keras.optimizers.SGD(0.5), "binary_crossentropy")
+    return m
+
+
+def test_only_embeddings_read_straight_from_an_input_are_sparse():
+    m = _two_input_model()
+    (t,) = find_tables(m)
+    assert t.name == "direct" and t.rows == 20 and t.input_key == "ids"
+    assert m.weights[t.index] is m.get_layer("direct").embeddings
+    assert t.ids({"ids": np.array([[1, 2, 2]]), "num": np.zeros((1, 2))}).tolist() == [1, 2, 2]
+    assert find_tables(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])) == ()
+
+
+def test_lookahead_reads_ahead_without_losing_or_reordering_batches():
+    la = Lookahead(iter(range(7)))
+    assert la.peek(3) == [0, 1, 2]
+    got = []
+    for b in la:
+        got.append(b)
+        if b == 1:
+            assert la.peek(4) == [2, 3, 4, 5]
+    assert got == list(range(7)) and la.peek(2) == []
+
+
+def test_table_sync_pushes_touched_rows_and_takes_wanted_rows():
+    m = _two_input_model()
+    (t,) = find_tables(m)
+    sync = TableSync(m, [t])
+    weights = [np.asarray(w.numpy()) for w in m.weights]
+    sync.receive(weights, None)  # whole tables
+    x = {"ids": np.array([[3, 3, 5], [5, 7, 7]], np.int32), "num": np.ones((2, 2), np.float32)}
+    batch = (x, np.array([1.0, 0.0], np.float32), None)
+    assert sync.want([batch])[t.index].tolist() == [3, 5, 7]
+    for b in sync.track([batch]):
+        m.train_on_batch(*b[:2])
+    delta = sync.delta(scale=0.5)
+    d = delta[t.index]
+    assert isinstance(d, SparseRows) and d.ids.tolist() == [3, 5, 7]
+    after = np.asarray(m.weights[t.index].numpy())
+    np.testing.assert_allclose(d.rows, 0.5 * (after[[3, 5, 7]] - weights[t.index][[3, 5, 7]]), rtol=1e-6)
+    assert np.abs(d.rows).sum() > 0
+    # untouched rows did not move (SGD), dense weights travel whole
+    np.testing.assert_array_equal(np.delete(after, [3, 5, 7], axis=0), np.delete(weights[t.index], [3, 5, 7], axis=0))
+    assert all(delta[i].shape == weights[i].shape for i in range(len(weights)) if i != t.index)
+    # a reply with two wanted rows overwrites exactly those rows
+    fresh = [np.asarray(w.numpy()) for w in m.weights]
+    fresh[t.index] = np.full((2, 4), 9.0, np.float32)
+    sync.receive(fresh, {t.index: np.array([0, 7], np.int32)})
+    now = np.asarray(m.weights[t.index].numpy())
+    assert (now[[0, 7]] == 9).all() and (now[3] == after[3]).all()
+    assert sync.delta(1.0)[t.index].ids.tolist() == []  # nothing touched since
+
+
+def test_sparse_embeddings_config_is_validated():
+    from sparkdl_train import ConfigError
+    from sparkdl_train.config import EngineConfig
+
+    with pytest.raises(ConfigError, match="mode='allreduce' averages dense gradients"):
+        EngineConfig(mode="allreduce", sparse_embeddings=True)
+    with pytest.raises(ConfigError, match="sparse_embeddings must be True, False or None"):
+        EngineConfig(mode="asynchronous", sparse_embeddings="yes")
+    assert EngineConfig.from_spark_conf({"spark.sparkdl_train.ps.sparseEmbeddings": "false"}).sparse_embeddings is False
+    with pytest.raises(ConfigError, match="ps.sparseEmbeddings='nope'"):
+        EngineConfig.from_spark_conf({"spark.sparkdl_train.ps.sparseEmbeddings": "nope"})
