@@ -166,7 +166,7 @@ def frame_bytes(meta: dict[str, Any], arrays: Sequence[np.ndarray]) -> int:
     return HEADER.size + sum(memoryview(p).nbytes for p in wire.encode_parts(meta, arrays))
 
 
-def _index_list(meta: dict[str, Any], key: str, n: int) -> list[int]:
+def index_list(meta: dict[str, Any], key: str, n: int) -> list[int]:
     got = meta.get(key, [])
     if not isinstance(got, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in got):
         raise ProtocolError(f"'{key}' must be a list of array indices below {n}")
@@ -197,8 +197,8 @@ def pack_update(delta: Sequence[Any]) -> tuple[list[int], list[np.ndarray]]:
 
 def unpack_update(meta: dict[str, Any], arrays: list[np.ndarray], n: int) -> tuple[list[Any], dict[int, np.ndarray] | None]:
     """Inverse of :func:`pack_update` plus the wanted rows (shape checks are the state's)."""
-    rows = set(_index_list(meta, "rows", n))
-    want_keys = _index_list(meta, "want", n)
+    rows = set(index_list(meta, "rows", n))
+    want_keys = index_list(meta, "want", n)
     expected = n + len(rows) + len(want_keys)
     if len(arrays) != expected:
         raise ProtocolError(f"update carries {len(arrays)} arrays, its header announces {expected}")

@@ -165,7 +165,7 @@ class ParameterServer:
             kind, meta, arrays, size = P.recv(conn, self.max_frame_bytes, buffer)
             state.stats.add_bytes(received=size)
             if kind == P.Msg.PULL:
-                want = P.unpack_want(P._index_list(meta, "want", n), arrays)
+                want = P.unpack_want(P.index_list(meta, "want", n), arrays)
                 reply = state.pull(want)
             elif kind == P.Msg.PUSH:
                 base, samples = meta.get("base_version"), meta.get("samples")
