@@ -134,7 +134,6 @@ def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, freq
     assert s["mode"] == mode and s["workers"] == 2 and s["epochs"] == 1
     assert s["frequency"] == {None: "batch", "epoch": "epoch", "4": 4, "batch": "batch"}[frequency]
     assert s["train_rows"] + s["test_rows"] == SMALL_ROWS
-    print(mode, frequency, "AUC", s["test_auc"], "Bayes", s["bayes_auc"])
     assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, s  # small data: within 0.06 of the limit
     assert abs(s["test_auc"] - s["test_auc_keras"]) < 0.01  # Spark ML's exact AUC and Keras' binned AUC agree
     comm = s["communication"]

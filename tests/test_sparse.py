@@ -6,7 +6,6 @@ import keras
 import numpy as np
 import pytest
 
-from sparkdl_train.driver.engine import dense_push_bytes
 from sparkdl_train.driver.sparse import find_tables
 from sparkdl_train.ps import protocol as P
 from sparkdl_train.ps.client import PSClient
@@ -119,7 +118,7 @@ def test_rows_over_the_wire_cost_a_fraction_of_the_dense_push():
             assert v == 1 and got[0].shape == (2, 8)
             np.testing.assert_array_equal(got[0][:, 0], [0, 1])  # row 5 untouched, row 500 pushed
             np.testing.assert_array_equal(got[1], 1)
-            dense = dense_push_bytes(weights)
+            dense = P.dense_exchange_bytes(weights)
             assert dense > 2 * big.nbytes and used < 5000 and dense / used > 300
             v, full = c.pull()  # a plain pull still gets the whole table
             assert full[0].shape == (50_000, 8) and full[0][500, 0] == 1

@@ -31,7 +31,7 @@ from ..data.adapters import DataAdapter
 from ..errors import DataError
 from ..merge import Partial
 from ..model_io import metrics_result, set_metric_state, set_optimizer_state, set_state
-from ..ps.protocol import frame_bytes
+from ..ps.protocol import dense_exchange_bytes
 from ..ps.server import ParameterServer
 from ..ps.state import ServerState
 from ..worker.ps_task import PSSettings, PSTrainTask
@@ -180,7 +180,7 @@ class ParameterServerEngine:
             join_timeout=config.join_timeout,
             sparse=[t.index for t in self.tables],
         )
-        self.dense_bytes_per_push = dense_push_bytes(weights)
+        self.dense_bytes_per_push = dense_exchange_bytes(weights)
         self.server = ParameterServer(self.state, host, self.secret, port=config.ps_port, idle_timeout=config.idle_timeout)
         freq = config.frequency
         self.every = None if freq == "epoch" else 1 if freq == "batch" else int(freq)
@@ -225,13 +225,6 @@ class ParameterServerEngine:
             set_optimizer_state(model, partial.model.result())
         set_metric_state(model, partial.metrics)
         return metrics_result(model), stats
-
-
-def dense_push_bytes(weights: list[Any]) -> int:
-    """Bytes of one push of every weight whole and of its reply, as the protocol frames them."""
-    push = frame_bytes({"base_version": 10**6, "samples": 10**4, "rows": [], "want": []}, weights)
-    reply = frame_bytes({"version": 10**6, "rows": []}, weights)
-    return push + reply
 
 
 def make_engine(config: EngineConfig, model: Any, sc: Any, workers: int):

@@ -9,8 +9,8 @@ fields before ``f``, so all fields share one embedding table of ``size`` rows.
 
 Why not hashing: with hash buckets, two frequent values of a small field
 collide more often than not (4 values in 8 buckets collide with probability
-0.59), and every row pays for it; on the planted CTR data that cost about 0.015
-AUC. Indexing has no collisions; rare values, which no model can learn from a
+0.59), and every row pays for it; on the planted CTR data that cost about 0.025
+AUC (single-process Keras: 0.850 hashed, 0.876 indexed). Indexing has no collisions; rare values, which no model can learn from a
 handful of rows, share one id per field.
 
 The vocabulary is plain data (JSON) saved next to the model: serving needs it
@@ -117,12 +117,8 @@ def build_vocabulary(df: Any, cat_cols: Sequence[str], min_count: int = 5, max_s
         .agg(F.sum("n").alias("n"))
         .where((F.col("n") >= min_count) & (F.col("value") != F.lit(int(NULL))))
     )
-    rows = counted.toArrow() if hasattr(counted, "toArrow") else None
-    if rows is not None:
-        field, value, n = (rows.column(c).to_numpy() for c in ("field", "value", "n"))
-    else:  # pragma: no cover - older pyspark
-        pdf = counted.toPandas()
-        field, value, n = pdf["field"].to_numpy(), pdf["value"].to_numpy(), pdf["n"].to_numpy()
+    table = counted.toArrow()
+    field, value, n = (table.column(c).to_numpy() for c in ("field", "value", "n"))
     kept = []
     for f in range(len(cols)):
         sel = field == f
@@ -155,10 +151,9 @@ def ctr_features(df: Any, dense_cols: Sequence[str], cat_cols: Sequence[str], vo
         import pyarrow as pa
 
         for rb in batches:
-            n = rb.num_rows
             dense = np.stack([rb.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in dense_cols], axis=1)
             numeric = np.log1p(np.maximum(np.nan_to_num(dense, nan=0.0), 0.0)).astype(np.float32)
-            raw = np.stack([_int_values(rb.column(c)) for c in cat_cols], axis=1) if n else np.zeros((0, n_cat), np.int64)
+            raw = np.stack([_int_values(rb.column(c)) for c in cat_cols], axis=1)
             ids = vocab.encode(raw)
             cols = {c: rb.column(c) for c in keep}
             cols["numeric"] = pa.FixedSizeListArray.from_arrays(pa.array(numeric.reshape(-1)), n_dense).cast(pa.list_(pa.float32()))

@@ -63,8 +63,7 @@ class PSClient:
         after applying it (after the round, in sync mode), with ``want`` as in :meth:`pull`."""
         rows, arrays = P.pack_update(delta)
         keys, ids = P.pack_want(want)
-        meta = {"base_version": base_version, "samples": samples, "rows": rows, "want": keys}
-        return self._call(P.Msg.PUSH, meta, [*arrays, *ids])
+        return self._call(P.Msg.PUSH, P.push_meta(base_version, samples, rows, keys), [*arrays, *ids])
 
     def done(self) -> None:
         self.bytes_sent += P.send(self._sock, P.Msg.DONE)

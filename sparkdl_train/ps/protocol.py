@@ -166,6 +166,15 @@ def frame_bytes(meta: dict[str, Any], arrays: Sequence[np.ndarray]) -> int:
     return HEADER.size + sum(memoryview(p).nbytes for p in wire.encode_parts(meta, arrays))
 
 
+def push_meta(base_version: int, samples: int, rows: list[int], want: list[int]) -> dict[str, Any]:
+    return {"base_version": base_version, "samples": samples, "rows": rows, "want": want}
+
+
+def dense_exchange_bytes(weights: Sequence[np.ndarray]) -> int:
+    """Bytes of one push with every weight whole plus its reply, as framed on the wire."""
+    return frame_bytes(push_meta(10**6, 10**4, [], []), weights) + frame_bytes({"version": 10**6, "rows": []}, weights)
+
+
 def index_list(meta: dict[str, Any], key: str, n: int) -> list[int]:
     got = meta.get(key, [])
     if not isinstance(got, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in got):

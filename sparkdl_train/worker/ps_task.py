@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -38,32 +38,6 @@ class PSSettings:
     tables: tuple[SparseTable, ...] = ()  # embedding tables pushed and pulled by rows
 
 
-class DenseSync:
-    """Every weight travels whole (no sparse tables)."""
-
-    def __init__(self, model: Any):
-        self.model = model
-        self._base: list[np.ndarray] = []
-
-    def track(self, batches: Iterable[Batch]) -> Iterable[Batch]:
-        return batches
-
-    def want(self, window: Any) -> None:
-        return None
-
-    def delta(self, scale: float) -> list[np.ndarray]:
-        local = [np.asarray(v.numpy()) for v in self.model.weights]
-        delta = [np.subtract(a, b, dtype=a.dtype) for a, b in zip(local, self._base)]
-        if scale != 1.0:
-            for d in delta:
-                d *= scale
-        return delta
-
-    def receive(self, arrays: list[np.ndarray], want: None) -> None:
-        self.model.set_weights(arrays)
-        self._base = arrays  # views into the client's buffer, valid until the next request
-
-
 @dataclass(frozen=True)
 class PSTrainTask:
     payload: Ref
@@ -80,7 +54,7 @@ class PSTrainTask:
         rng = np.random.default_rng([s.seed, self.epoch, partition])
         ps = self.ps
         ahead = Lookahead(rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng))
-        sync: Any = TableSync(model, ps.tables) if ps.tables else DenseSync(model)
+        sync = TableSync(model, ps.tables)  # with no tables every weight travels whole
         # with tables, read the next window ahead so that only its rows are pulled
         window = ps.every if ps.tables and ps.every is not None and ps.every <= MAX_LOOKAHEAD else None
 

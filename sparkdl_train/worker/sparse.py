@@ -83,15 +83,17 @@ def _wire_ids(ids: np.ndarray, rows: int) -> np.ndarray:
 
 
 class TableSync:
-    """Row-wise state of the worker's tables: what was pulled (the delta base) and what was touched."""
+    """What a worker pushes and adopts: dense weights whole, tables by rows (what was pulled,
+    the delta base, and what was touched). With no tables every weight travels whole."""
 
     def __init__(self, model: Any, tables: Sequence[SparseTable]):
         self.model = model
         self.tables = tuple(tables)
-        self._vars = {t.index: model.weights[t.index] for t in self.tables}
+        self._weights = list(model.weights)
+        self._vars = {t.index: self._weights[t.index] for t in self.tables}
         self._base = {t.index: np.array(self._vars[t.index].numpy(), copy=True) for t in self.tables}
         self._touched = {t.index: np.zeros(t.rows, dtype=bool) for t in self.tables}
-        self._dense = [i for i in range(len(model.weights)) if i not in self._vars]
+        self._dense = [i for i in range(len(self._weights)) if i not in self._vars]
         self._dense_base: list[np.ndarray] = []
 
     # -- what the batches look up --------------------------------------------------------
@@ -114,9 +116,9 @@ class TableSync:
     # -- pushing and receiving -------------------------------------------------------------
     def delta(self, scale: float) -> list[Any]:
         """Deltas since the last receive: dense arrays whole, tables as the touched rows only."""
-        out: list[Any] = [None] * len(self.model.weights)
+        out: list[Any] = [None] * len(self._weights)
         for i, base in zip(self._dense, self._dense_base):
-            local = np.asarray(self.model.weights[i].numpy())
+            local = np.asarray(self._weights[i].numpy())
             out[i] = np.subtract(local, base, dtype=local.dtype)
         for t in self.tables:
             mask = self._touched[t.index]
@@ -133,7 +135,7 @@ class TableSync:
         """Adopt the server's reply: dense weights whole, tables whole (``want`` None) or the wanted rows."""
         self._dense_base = [arrays[i] for i in self._dense]  # views, valid until the next request
         for i in self._dense:
-            self.model.weights[i].assign(arrays[i])
+            self._weights[i].assign(arrays[i])
         for t in self.tables:
             got = arrays[t.index]
             if want is None:
