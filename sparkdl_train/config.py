@@ -55,6 +55,7 @@ class EngineConfig:
     join_timeout: float = 30.0
     connect_timeout: float = 30.0
     idle_timeout: float = 21600.0
+    report_interval: float = 0.5  # seconds between a worker's live progress reports
     sparse_embeddings: bool | None = None  # push/pull embedding rows, not whole tables (None: when possible)
     # allreduce (barrier mode)
     allreduce_timeout: float = 600.0  # a rank waits at most this long for a peer or the rendezvous
@@ -89,7 +90,7 @@ class EngineConfig:
                 raise ConfigError(f"delta_scale applies to modes 'asynchronous' and 'hogwild' only, not {self.mode!r}")
         if isinstance(self.ps_port, bool) or not isinstance(self.ps_port, int) or not 0 <= self.ps_port < 65536:
             raise ConfigError(f"ps_port must be in [0, 65535] (0 picks a free port), got {self.ps_port!r}")
-        for name in ("round_timeout", "join_timeout", "connect_timeout", "idle_timeout", "allreduce_timeout"):
+        for name in ("round_timeout", "join_timeout", "connect_timeout", "idle_timeout", "allreduce_timeout", "report_interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -126,6 +127,7 @@ class EngineConfig:
             "ps.idleTimeout": ("idle_timeout", float),
             "ps.joinTimeout": ("join_timeout", float),
             "ps.sparseEmbeddings": ("sparse_embeddings", _bool),
+            "progress.interval": ("report_interval", float),
             "allreduce.timeout": ("allreduce_timeout", float),
             "allreduce.compression": ("compression", str),
             "allreduce.lrScaling": ("lr_scaling", str),

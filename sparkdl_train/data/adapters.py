@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..errors import DataError, WorkerError
+from ..errors import DataError, FitCancelled, WorkerError
 from ..merge import Partial, merge_partials
 from .batching import Batch, num_rows, rows_to_chunks, take_rows, tree_concat
 from .spec import ColumnMapping
@@ -86,6 +86,7 @@ class DataAdapter(ABC):
 # -- Spark helpers -----------------------------------------------------------------
 
 _TASK_RE = re.compile(r"[Tt]ask (\d+)(?:\.\d+)? in stage")
+_CANCELLED_RE = re.compile(r"Job \d+ cancelled[^\n]*")
 
 
 @contextlib.contextmanager
@@ -100,6 +101,9 @@ def _spark_job(sc: Any, description: str) -> Iterator[None]:
         if name not in ("PythonException", "Py4JJavaError", "SparkException"):
             raise
         text = str(exc)
+        cancelled = _CANCELLED_RE.search(text)
+        if cancelled:
+            raise FitCancelled(f"{description} was cancelled: {cancelled.group(0)}") from None
         m = _TASK_RE.search(text)
         rank = int(m.group(1)) if m else -1
         last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip().startswith(("sparkdl_train.", "ValueError", "TypeError", "RuntimeError"))), None)

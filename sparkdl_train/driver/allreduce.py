@@ -89,14 +89,17 @@ class AllreduceEngine:
         return {"engine": "allreduce", "ranks": self.workers, "compression": c.compression or "none",
                 "lr_scaling": c.lr_scaling, **self.totals}
 
-    def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int):
+    def stopped(self, model: Any) -> None:
+        """An epoch was cancelled midway: the driver keeps the weights it started it with."""
+
+    def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int, monitor: Any):
         c = self.config
         rs = RingSettings(
             self.secret, timeout=c.allreduce_timeout, connect_timeout=c.connect_timeout,
             compression=None if c.compression in (None, "none") else c.compression, lr_scaling=c.lr_scaling,
         )
         partial, stats = run_epoch(
-            model, train, refs, lambda p, s: AllreduceTrainTask(p, s, epoch, settings, rs), epoch, epochs,
+            model, train, refs, lambda p, s, r: AllreduceTrainTask(p, s, epoch, settings, rs, r), epoch, epochs, monitor,
             launch=lambda task, desc: train.barrier_map(task, desc, c.allreduce_timeout),
         )
         infos = list(partial.partitions.values())

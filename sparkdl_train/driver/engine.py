@@ -36,6 +36,7 @@ from ..ps.server import ParameterServer
 from ..ps.state import ServerState
 from ..worker.ps_task import PSSettings, PSTrainTask
 from ..worker.tasks import EvaluateTask, StepSettings, TrainEpochTask
+from .monitor import FitMonitor
 from .session import SharedRefs
 from .sparse import find_tables
 
@@ -50,6 +51,7 @@ class EpochStats:
     seconds: float
     partitions: dict[int, dict[str, Any]]
     empty_partitions: list[int]
+    interrupted: bool = False  # stopped mid-epoch (model.stop_training set by a callback)
 
     @property
     def samples_per_second(self) -> float:
@@ -64,6 +66,7 @@ class FitStats:
     mode: str = "synchronous"
     frequency: str | int = "epoch"
     server: dict[str, Any] | None = None
+    reports: int = 0  # live progress reports received from workers
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +75,7 @@ class FitStats:
             "mode": self.mode,
             "frequency": self.frequency,
             "server": self.server,
+            "reports": self.reports,
             "epochs": [
                 {
                     "epoch": e.epoch,
@@ -80,6 +84,7 @@ class FitStats:
                     "seconds": e.seconds,
                     "samples_per_second": e.samples_per_second,
                     "empty_partitions": e.empty_partitions,
+                    "interrupted": e.interrupted,
                     "partitions": e.partitions,
                 }
                 for e in self.epochs
@@ -105,18 +110,21 @@ def run_epoch(
     model: Any,
     train: DataAdapter,
     refs: SharedRefs,
-    make_task: Callable[[Any, Any], Any],
+    make_task: Callable[[Any, Any, Any], Any],
     epoch: int,
     epochs: int,
+    monitor: FitMonitor,
     launch: Callable[[Any, str], Partial] | None = None,
 ) -> tuple[Partial, EpochStats]:
-    """Broadcast the driver's state, run ``make_task(payload_ref, state_ref)`` on every partition
-    (through ``launch``, default ``train.map_reduce``), merge."""
+    """Broadcast the driver's state, run ``make_task(payload_ref, state_ref, report_settings)``
+    on every partition (through ``launch``, default ``train.map_reduce``, driven by
+    ``monitor``), merge."""
     start = time.perf_counter()
     state = refs.state_ref(train, model, include_optimizer=True)
     launch = launch or train.map_reduce
     try:
-        partial: Partial = launch(make_task(refs.payload_ref(train), state), f"sparkdl_train fit: epoch {epoch + 1}/{epochs}")
+        task = make_task(refs.payload_ref(train), state, monitor.report_settings(epoch))
+        partial: Partial = monitor.run(epoch, lambda: launch(task, f"sparkdl_train fit: epoch {epoch + 1}/{epochs}"))
     finally:
         train.unshare(state)
     n_parts = train.num_partitions()
@@ -154,8 +162,13 @@ class AveragingEngine:
     def server_stats(self) -> dict[str, Any] | None:
         return None
 
-    def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int):
-        partial, stats = run_epoch(model, train, refs, lambda p, s: TrainEpochTask(p, s, epoch, settings), epoch, epochs)
+    def stopped(self, model: Any) -> None:
+        """An epoch was cancelled midway: the driver keeps the weights it started it with."""
+
+    def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int, monitor: FitMonitor):
+        partial, stats = run_epoch(
+            model, train, refs, lambda p, s, r: TrainEpochTask(p, s, epoch, settings, r), epoch, epochs, monitor
+        )
         set_state(model, partial.model.result())
         set_metric_state(model, partial.metrics)
         return metrics_result(model), stats
@@ -212,19 +225,30 @@ class ParameterServerEngine:
             "dense_to_actual_bytes": self.dense_bytes_per_push / per_push if per_push else None,
         }
 
-    def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int):
+    def stopped(self, model: Any) -> None:
+        """An epoch was cancelled midway: take the server's weights, the latest there are."""
+        model.set_weights(self.state.snapshot())
+
+    def train_epoch(self, model, train, refs, settings: StepSettings, epoch: int, epochs: int, monitor: FitMonitor):
         host, port = self.server.address
         ps = PSSettings(
             host, port, self.secret, self.every, scale=self.scale,
             timeout=self.config.round_timeout + 60, connect_timeout=self.config.connect_timeout, tables=self.tables,
         )
         self.state.begin_epoch(self.workers)
-        partial, stats = run_epoch(model, train, refs, lambda p, s: PSTrainTask(p, s, epoch, settings, ps), epoch, epochs)
+        partial, stats = run_epoch(
+            model, train, refs, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r), epoch, epochs, monitor
+        )
         model.set_weights(self.state.snapshot())
         if partial.model.sums is not None:
             set_optimizer_state(model, partial.model.result())
         set_metric_state(model, partial.metrics)
         return metrics_result(model), stats
+
+
+def driver_host(config: EngineConfig, sc: Any) -> str:
+    """The address driver-side servers bind and executors connect to."""
+    return config.ps_host or (sc.getConf().get("spark.driver.host") if sc is not None else None) or socket.gethostname()
 
 
 def make_engine(config: EngineConfig, model: Any, sc: Any, workers: int):
@@ -234,5 +258,4 @@ def make_engine(config: EngineConfig, model: Any, sc: Any, workers: int):
         return AllreduceEngine(config, model, workers)
     if config.mode == "synchronous" and config.frequency == "epoch":
         return AveragingEngine(config)
-    host = config.ps_host or (sc.getConf().get("spark.driver.host") if sc is not None else None) or socket.gethostname()
-    return ParameterServerEngine(config, model, host, workers)
+    return ParameterServerEngine(config, model, driver_host(config, sc), workers)

@@ -11,9 +11,10 @@ from ..data.output import output_columns
 from ..errors import ConfigError, DataError
 from ..model_io import ModelPayload, check_compiled, serialize_model
 from ..worker.tasks import PredictTask, StepSettings
-from .engine import FitStats, evaluate_logs, make_engine
+from .engine import EpochStats, FitStats, driver_host, evaluate_logs, make_engine
 from .inputs import make_adapter
-from .progress import EpochProgress
+from .monitor import EpochStopped, FitMonitor
+from .progress import FitProgress
 from .session import SharedRefs
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class SparkModel:
         self.config = EngineConfig(**{k: v for k, v in self._overrides.items() if v is not None})
         self.custom_objects = dict(custom_objects or {})
         self.stats: FitStats | None = None
+        self._monitor: FitMonitor | None = None
         self._columns: dict[str, Any] = {"feature_cols": "features", "label_col": "label", "sample_weight_col": None}
 
     # -- public API ---------------------------------------------------------------
@@ -111,6 +113,19 @@ class SparkModel:
     @property
     def master_network(self) -> Any:  # Elephas name
         return self._model
+
+    @property
+    def job_group(self) -> str | None:
+        """The Spark job group of the running (or last) ``fit``: the caller's group if one was
+        set on the calling thread, else ``sparkdl_train-fit-<id>``. Cancelling it (Spark UI,
+        ``sc.cancelJobGroup``) makes ``fit`` raise :class:`~sparkdl_train.errors.FitCancelled`."""
+        return self._monitor.job_group if self._monitor is not None else None
+
+    def cancel(self) -> None:
+        """Cancel the running ``fit``'s Spark jobs (call from another thread); ``fit`` raises
+        :class:`~sparkdl_train.errors.FitCancelled` after its servers are shut down."""
+        if self._monitor is not None:
+            self._monitor.cancel()
 
     def fit(
         self,
@@ -132,6 +147,13 @@ class SparkModel:
         ``validation_data`` may be a DataFrame, an RDD or a tuple of arrays;
         ``validation_split`` holds out a seeded random fraction of ``data``
         (Keras takes the last rows; distributed data has no "last" rows).
+
+        ``verbose=1`` draws a ``tqdm.auto`` bar per epoch, moved by the workers' live
+        reports; ``2`` prints one line per epoch; ``0`` nothing. ``callbacks`` run on the
+        driver through ``keras.callbacks.CallbackList``: epoch hooks get the epoch's exact
+        (merged) logs; batch hooks run once per live report with the running, sample-weighted
+        logs of all workers. Setting ``model.stop_training`` during an epoch cancels that
+        epoch's Spark job (e.g. ``TerminateOnNaN``).
         """
         import keras
 
@@ -145,6 +167,7 @@ class SparkModel:
         )
         if validation_data is not None and validation_split:
             raise ConfigError("pass either validation_data or validation_split, not both")
+        _check_callbacks(callbacks)
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         model = self._model
         payload = self._payload()
@@ -186,34 +209,52 @@ class SparkModel:
             callbacks, add_history=True, add_progbar=False, model=model,
             verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None,
         )
-        progress = EpochProgress(fit_cfg.epochs, fit_cfg.initial_epoch, enabled=fit_cfg.verbose == 1)
+        progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, workers)
+        monitor = FitMonitor(
+            sc, model, cb, progress, workers, driver_host(engine, sc), engine.report_interval,
+            live=fit_cfg.verbose == 1 or bool(callbacks),
+        )
+        self._monitor = monitor
         refs = SharedRefs(payload)
         model.stop_training = False
         log.info("fit: %d epochs on %d workers (mode=%s, frequency=%s)", epochs, workers, engine.mode, engine.frequency)
-        cb.on_train_begin()
         try:
-            with runner:  # a parameter server, if the mode has one, lives exactly this long
-                logs = self._run_epochs(runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress)
+            # the job group, report server and parameter server (if the mode has one) live exactly this long
+            with monitor, runner:
+                cb.on_train_begin()
+                logs = self._run_epochs(runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress, monitor)
         finally:
             self.stats.server = runner.server_stats()
+            self.stats.reports = monitor.reports_received
             refs.release()
             progress.close()
         cb.on_train_end(logs)
         return model.history
 
-    def _run_epochs(self, runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress) -> dict[str, Any]:
+    def _run_epochs(self, runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress, monitor) -> dict[str, Any]:
         model = self._model
         logs: dict[str, Any] = {}
         for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
             cb.on_epoch_begin(epoch)
-            logs, stats = runner.train_epoch(model, train, refs, settings, epoch, fit_cfg.epochs)
+            progress.epoch_begin(epoch)
+            try:
+                logs, stats = runner.train_epoch(model, train, refs, settings, epoch, fit_cfg.epochs, monitor)
+            except EpochStopped as stop:
+                runner.stopped(model)
+                logs = stop.tally.logs()
+                t = stop.tally
+                self.stats.epochs.append(EpochStats(epoch, t.samples, t.steps, stop.seconds, {}, [], interrupted=True))
+                progress.epoch_end(epoch, logs, t.samples, stop.seconds, interrupted=True)
+                log.info("epoch %d/%d stopped early after %d samples", epoch + 1, fit_cfg.epochs, t.samples)
+                cb.on_epoch_end(epoch, logs)
+                break
             if val is not None:
                 val_logs = evaluate_logs(
                     model, val, refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
                 )
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
             self.stats.epochs.append(stats)
-            progress.update(epoch, logs, stats.samples_per_second)
+            progress.epoch_end(epoch, logs, stats.samples, stats.seconds)
             log.info("epoch %d/%d %s (%.0f samples/s)", epoch + 1, fit_cfg.epochs,
                      " ".join(f"{k}={v:.4g}" for k, v in logs.items() if isinstance(v, float)), stats.samples_per_second)
             cb.on_epoch_end(epoch, logs)
@@ -333,6 +374,20 @@ class SparkModel:
                 f"{what} does not fit model {self._model.name!r} (sample batch shapes {shapes}): "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+
+def _check_callbacks(callbacks: Sequence[Any] | None) -> None:
+    import keras
+
+    for c in callbacks or ():
+        if not isinstance(c, keras.callbacks.Callback):
+            raise ConfigError(f"callbacks must be keras.callbacks.Callback instances, got {type(c).__name__}")
+        freq = getattr(c, "save_freq", "epoch")
+        if isinstance(c, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)) and isinstance(freq, int) and not isinstance(freq, bool):
+            raise ConfigError(
+                f"{type(c).__name__}(save_freq={c.save_freq!r}) saves every N batches, but batches run on the "
+                "executors and the driver's model changes once per epoch: use save_freq='epoch'"
+            )
 
 
 def _spark_context(adapter: DataAdapter | None) -> Any:

@@ -30,17 +30,7 @@ class PSClient:
         self._sock.settimeout(timeout)
 
     def _handshake(self, secret: bytes) -> None:
-        nonce = P.new_nonce().hex()
-        P.send(self._sock, P.Msg.HELLO, {"worker": self.worker, "nonce": nonce})
-        kind, meta, _, _ = P.recv(self._sock, P.PREAUTH_MAX_BYTES)
-        P.expect(P.Msg.CHALLENGE, kind, meta)
-        server_nonce = meta.get("nonce")
-        if not isinstance(server_nonce, str):
-            raise P.ProtocolError("CHALLENGE without a nonce")
-        P.check_proof(P.proof(secret, b"server", nonce.encode(), server_nonce.encode()), meta.get("proof"))
-        P.send(self._sock, P.Msg.AUTH, {"proof": P.proof(secret, b"client", server_nonce.encode(), nonce.encode())})
-        kind, meta, _, _ = P.recv(self._sock, P.PREAUTH_MAX_BYTES)
-        P.expect(P.Msg.AUTH_OK, kind, meta)
+        P.client_handshake(self._sock, self.worker, secret)
 
     def _call(self, kind: P.Msg, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> tuple[int, list[np.ndarray]]:
         self.bytes_sent += P.send(self._sock, kind, meta, arrays)

@@ -24,6 +24,11 @@ Messages after the handshake (arrays in model order)::
     WEIGHTS {version, rows: [i, ...]}        one array per weight; each table in
             ``rows`` sends only the rows that were asked for, in the order asked
 
+The driver's report server (live progress, :mod:`sparkdl_train.driver.reports`)
+uses the same frames and handshake; workers send it one-way, metadata-only::
+
+    REPORT  {epoch, partition, samples, steps, logs: {name: float}, done}
+
 Until AUTH_OK the server accepts frames of at most ``PREAUTH_MAX_BYTES``, so an
 unauthenticated peer cannot make it allocate a model-sized buffer.
 """
@@ -60,6 +65,7 @@ class Msg(enum.IntEnum):
     DONE = 8
     ACK = 9
     ERROR = 10
+    REPORT = 11
 
 
 class ProtocolError(ConnectionError):
@@ -85,6 +91,40 @@ def proof(secret: bytes, role: bytes, a: bytes, b: bytes) -> str:
 def check_proof(expected: str, got: Any) -> None:
     if not isinstance(got, str) or not hmac.compare_digest(expected, got):
         raise AuthError("authentication failed: wrong secret")
+
+
+def server_handshake(conn: socket.socket, secret: bytes, timeout: float, ok_meta: dict[str, Any] | None = None) -> int:
+    """Authenticate a connecting peer (server side); returns the worker id it announced."""
+    conn.settimeout(timeout)
+    kind, meta, _, _ = recv(conn, PREAUTH_MAX_BYTES)
+    expect(Msg.HELLO, kind, meta)
+    worker = meta.get("worker")
+    client_nonce = meta.get("nonce")
+    if not isinstance(worker, int) or isinstance(worker, bool) or not isinstance(client_nonce, str):
+        raise ProtocolError("HELLO must carry an integer worker id and a nonce")
+    server_nonce = new_nonce().hex()
+    send(conn, Msg.CHALLENGE, {"nonce": server_nonce, "proof": proof(secret, b"server", client_nonce.encode(), server_nonce.encode())})
+    kind, meta, _, _ = recv(conn, PREAUTH_MAX_BYTES)
+    expect(Msg.AUTH, kind, meta)
+    check_proof(proof(secret, b"client", server_nonce.encode(), client_nonce.encode()), meta.get("proof"))
+    send(conn, Msg.AUTH_OK, ok_meta or {})
+    return worker
+
+
+def client_handshake(sock: socket.socket, worker: int, secret: bytes) -> dict[str, Any]:
+    """Authenticate to a server (client side; the server proves itself first); returns AUTH_OK's meta."""
+    nonce = new_nonce().hex()
+    send(sock, Msg.HELLO, {"worker": worker, "nonce": nonce})
+    kind, meta, _, _ = recv(sock, PREAUTH_MAX_BYTES)
+    expect(Msg.CHALLENGE, kind, meta)
+    server_nonce = meta.get("nonce")
+    if not isinstance(server_nonce, str):
+        raise ProtocolError("CHALLENGE without a nonce")
+    check_proof(proof(secret, b"server", nonce.encode(), server_nonce.encode()), meta.get("proof"))
+    send(sock, Msg.AUTH, {"proof": proof(secret, b"client", server_nonce.encode(), nonce.encode())})
+    kind, meta, _, _ = recv(sock, PREAUTH_MAX_BYTES)
+    expect(Msg.AUTH_OK, kind, meta)
+    return meta
 
 
 def send(sock: socket.socket, mtype: Msg, meta: dict[str, Any] | None = None, arrays: Sequence[np.ndarray] = ()) -> int:

@@ -35,6 +35,7 @@ from ..errors import SparkDLError
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
 from .fused_step import FusedStep
+from .report import Reporter, ReportSettings
 from .steps import _build
 from .tasks import Ref, StepSettings, _info, _model
 
@@ -60,6 +61,7 @@ class AllreduceTrainTask:
     epoch: int
     settings: StepSettings
     ring: RingSettings
+    report: ReportSettings | None = None
 
     def __call__(self, partition: int, chunks: Iterable[Batch], group: Group, host: str) -> Partial:
         rank, size = group.rank, group.size
@@ -105,6 +107,7 @@ class AllreduceTrainTask:
         rng = np.random.default_rng([s.seed, self.epoch, partition])
         batches = rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng)
         batches = (b for b in batches if num_rows(b))  # an exhausted generator keeps returning None below
+        reporter = Reporter(self.report, partition)
         samples = local_steps = global_steps = 0
         while True:
             batch = next(batches, None)
@@ -123,11 +126,14 @@ class AllreduceTrainTask:
                 break
             step.apply(buf)
             global_steps += 1
+            if batch is not None:
+                reporter(local_steps, samples, model)
 
         t0 = time.perf_counter()
         _sync_non_trainable(model, link, rank, size, samples)
         comm += time.perf_counter() - t0
         _scale_lr(model, 1.0, base_lr)
+        reporter.finish(local_steps, samples, model)
         weights = [np.asarray(v.numpy()) for v in model.weights]
         info = _info(samples, local_steps, start)
         info.update(

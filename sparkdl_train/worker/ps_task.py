@@ -16,6 +16,7 @@ from ..data.batching import Batch, rebatch
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state
 from ..ps.client import PSClient
+from .report import Reporter, ReportSettings
 from .sparse import Lookahead, SparseTable, TableSync
 from .steps import run_steps
 from .tasks import Ref, StepSettings, _info, _model
@@ -45,6 +46,7 @@ class PSTrainTask:
     epoch: int
     settings: StepSettings
     ps: PSSettings
+    report: ReportSettings | None = None
 
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
         start = time.perf_counter()
@@ -53,6 +55,7 @@ class PSTrainTask:
         model.reset_metrics()
         rng = np.random.default_rng([s.seed, self.epoch, partition])
         ps = self.ps
+        reporter = Reporter(self.report, partition)
         ahead = Lookahead(rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng))
         sync = TableSync(model, ps.tables)  # with no tables every weight travels whole
         # with tables, read the next window ahead so that only its rows are pulled
@@ -77,11 +80,13 @@ class PSTrainTask:
             def on_batch(steps: int, samples: int) -> None:
                 if ps.every is not None and steps - mark["steps"] >= ps.every:
                     push(steps, samples)
+                reporter(steps, samples, model)
 
             samples, steps = run_steps(model, sync.track(ahead), training=True, on_batch=on_batch)
             if steps > mark["steps"]:
                 push(steps, samples)
             client.done()
+            reporter.finish(steps, samples, model)
             info = _info(samples, steps, start)
             info.update(pushes=mark["pushes"], bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
         if samples == 0:

@@ -19,6 +19,7 @@ from ..data.batching import Batch, rebatch
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
 from . import runtime
+from .report import Reporter, ReportSettings
 from .steps import predict_batches, run_steps
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,13 @@ def _model(payload: Ref, state: Ref, settings: StepSettings) -> Any:
 
 
 def _run_partition(
-    payload: Ref, state: Ref, settings: StepSettings, chunks: Iterable[Batch], training: bool, rng: np.random.Generator | None = None
+    payload: Ref,
+    state: Ref,
+    settings: StepSettings,
+    chunks: Iterable[Batch],
+    training: bool,
+    rng: np.random.Generator | None = None,
+    reporter: Reporter | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Stream one partition through the model's train or test step; metrics accumulate from zero."""
     start = time.perf_counter()
@@ -79,7 +86,10 @@ def _run_partition(
     model.reset_metrics()
     shuffle = training and settings.shuffle
     batches = rebatch(chunks, settings.batch_size, shuffle=shuffle, buffer_rows=settings.shuffle_buffer_size, rng=rng)
-    samples, steps = run_steps(model, batches, training=training)
+    on_batch = (lambda steps, samples: reporter(steps, samples, model)) if reporter is not None else None
+    samples, steps = run_steps(model, batches, training=training, on_batch=on_batch)
+    if reporter is not None:
+        reporter.finish(steps, samples, model)
     return model, _info(samples, steps, start)
 
 
@@ -91,10 +101,12 @@ class TrainEpochTask:
     state: Ref
     epoch: int
     settings: StepSettings
+    report: ReportSettings | None = None
 
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
         rng = np.random.default_rng([self.settings.seed, self.epoch, partition])
-        model, info = _run_partition(self.payload, self.state, self.settings, chunks, True, rng)
+        reporter = Reporter(self.report, partition) if self.report is not None else None
+        model, info = _run_partition(self.payload, self.state, self.settings, chunks, True, rng, reporter)
         samples = info["samples"]
         if samples == 0:
             return Partial(partitions={partition: info})

@@ -1,0 +1,178 @@
+"""Running a fit's Spark jobs while the caller's thread stays responsive.
+
+For the duration of one ``fit``, :class:`FitMonitor`
+
+* puts every job in a Spark job group (the caller's, if one is set, else
+  ``sparkdl_train-fit-<id>``, cancellable from the Spark UI or with
+  ``sc.cancelJobGroup``) and tags them with the fit's own tag, so that
+  ``SparkModel.cancel()`` cancels exactly this fit;
+* runs the report server when someone listens (a progress bar, callbacks);
+* runs each epoch's Spark action on a helper thread (which inherits the
+  caller's local properties: job group, scheduler pool) while the caller's
+  thread feeds live reports to the progress bar and to the callbacks'
+  batch-level hooks, all on the caller's thread;
+* cancels the running epoch as soon as a callback sets ``model.stop_training``
+  (e.g. ``TerminateOnNaN``) and reports it as :class:`EpochStopped`; a
+  ``KeyboardInterrupt`` cancels the fit's jobs before it propagates.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+import time
+import uuid
+from typing import Any, Callable, TypeVar
+
+from ..errors import FitCancelled
+from ..worker.report import ReportSettings
+from .progress import FitProgress
+from .reports import EpochTally, ReportServer
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_GROUP = "spark.jobGroup.id"
+_GROUP_PROPS = (_GROUP, "spark.job.description", "spark.job.interruptOnCancel")
+
+
+class EpochStopped(Exception):
+    """The running epoch was cancelled because ``model.stop_training`` was set during it."""
+
+    def __init__(self, tally: EpochTally, seconds: float):
+        super().__init__(f"epoch {tally.epoch + 1} stopped early after {tally.samples} samples")
+        self.tally = tally
+        self.seconds = seconds
+
+
+class FitMonitor:
+    def __init__(
+        self,
+        sc: Any,
+        model: Any,
+        callbacks: Any,
+        progress: FitProgress,
+        workers: int,
+        host: str,
+        interval: float,
+        live: bool,
+    ):
+        self.sc = sc
+        self.model = model
+        self.callbacks = callbacks
+        self.progress = progress
+        self.workers = workers
+        self.host = host
+        self.interval = interval
+        self.live = live
+        self.fit_id = uuid.uuid4().hex[:12]
+        self.tag = f"sparkdl_train-{self.fit_id}"
+        self.job_group: str | None = None
+        self._saved: dict[str, str | None] = {}
+        self._server: ReportServer | None = None
+        self._secret = secrets.token_bytes(32)
+        self.stop_requested = False
+        self.reports_received = 0
+
+    # -- lifecycle ------------------------------------------------------------------
+    def __enter__(self) -> "FitMonitor":
+        sc = self.sc
+        if sc is not None:
+            self._saved = {k: sc.getLocalProperty(k) for k in _GROUP_PROPS}
+            self.job_group = self._saved[_GROUP]
+            if not self.job_group:  # the caller's group, if any, stays in charge
+                self.job_group = f"sparkdl_train-fit-{self.fit_id}"
+                sc.setJobGroup(self.job_group, "sparkdl_train fit", interruptOnCancel=True)
+            sc.addJobTag(self.tag)
+        if self.live:
+            self._server = ReportServer(self.host, self._secret).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self.reports_received = self._server.received
+            self._server = None
+        sc = self.sc
+        if sc is not None:
+            sc.removeJobTag(self.tag)
+            for k, v in self._saved.items():
+                sc.setLocalProperty(k, v)
+
+    def cancel(self) -> None:
+        """Cancel this fit's running Spark jobs (from any thread)."""
+        if self.sc is not None:
+            self.sc.cancelJobsWithTag(self.tag)
+
+    def report_settings(self, epoch: int) -> ReportSettings | None:
+        if self._server is None:
+            return None
+        host, port = self._server.address
+        return ReportSettings(host, port, self._secret, epoch, self.interval)
+
+    # -- one epoch --------------------------------------------------------------------
+    def run(self, epoch: int, action: Callable[[], T]) -> T:
+        """Run ``action`` (one epoch's Spark job) on a helper thread; meanwhile dispatch live reports."""
+        start = time.perf_counter()
+        tally = EpochTally(epoch, self.workers)
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["result"] = action()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = exc
+
+        thread = self._thread(target)
+        thread.start()
+        try:
+            while thread.is_alive():
+                self._dispatch(tally, timeout=0.1)
+                if self.model.stop_training and not self.stop_requested:
+                    self.stop_requested = True
+                    log.info("epoch %d: stop_training was set during the epoch; cancelling its Spark job", epoch + 1)
+                    self.cancel()
+            thread.join()
+            self._dispatch(tally, timeout=0.0)
+        except BaseException:  # Ctrl-C, or a callback raised (TerminateOnNaN(raise_error=True))
+            self.cancel()
+            thread.join(60)
+            raise
+        error = box.get("error")
+        if error is not None:
+            if isinstance(error, FitCancelled) and self.stop_requested:
+                raise EpochStopped(tally, time.perf_counter() - start) from None
+            raise error
+        return box["result"]
+
+    def _thread(self, target: Callable[[], None]) -> threading.Thread:
+        if self.sc is not None:
+            from pyspark import InheritableThread  # copies job group, tags and pool to the helper thread
+
+            return InheritableThread(target, name=f"sparkdl_train-fit-{self.fit_id}", daemon=True)
+        return threading.Thread(target=target, name=f"sparkdl_train-fit-{self.fit_id}", daemon=True)
+
+    def _dispatch(self, tally: EpochTally, timeout: float) -> None:
+        if self._server is None:
+            if timeout:
+                time.sleep(timeout)
+            return
+        events = self._server.events
+        changed = False
+        try:
+            report = events.get(timeout=timeout) if timeout else events.get_nowait()
+            while True:
+                changed |= tally.add(report)
+                report = events.get_nowait()
+        except queue.Empty:
+            pass
+        if not changed:
+            return
+        self.progress.report(tally)
+        if self.callbacks is not None:
+            batch = tally.updates - 1
+            self.callbacks.on_train_batch_begin(batch)
+            self.callbacks.on_train_batch_end(batch, tally.logs())
