@@ -3,7 +3,8 @@
 from .config import EngineConfig, FitConfig
 from .data.rdd import to_simple_rdd
 from .driver.spark_model import SparkModel
-from .errors import ConfigError, DataError, ModelError, SparkDLError, WorkerError
+from .errors import ConfigError, DataError, FitCancelled, ModelError, SparkDLError, WorkerError
+from .saving import load_spark_model
 
 __version__ = "0.1.0"
 
@@ -11,10 +12,12 @@ __all__ = [
     "ConfigError",
     "DataError",
     "EngineConfig",
+    "FitCancelled",
     "FitConfig",
     "ModelError",
     "SparkDLError",
     "SparkModel",
     "WorkerError",
+    "load_spark_model",
     "to_simple_rdd",
 ]

@@ -128,15 +128,18 @@ def save_archive(model: Any) -> bytes:
             return f.read()
 
 
-def load_archive(payload: ModelPayload) -> Any:
+def load_model_bytes(archive: bytes, custom_objects: dict[str, Any] | None = None, safe_mode: bool = True) -> Any:
+    """A compiled model from the bytes of a ``.keras`` archive."""
     keras = _keras()
     with tempfile.TemporaryDirectory(prefix="sparkdl_train_") as tmp:
         path = os.path.join(tmp, "model.keras")
         with open(path, "wb") as f:
-            f.write(payload.archive)
-        model = keras.saving.load_model(
-            path, custom_objects=payload.custom_objects(), compile=True, safe_mode=payload.safe_mode
-        )
+            f.write(archive)
+        return keras.saving.load_model(path, custom_objects=custom_objects, compile=True, safe_mode=safe_mode)
+
+
+def load_archive(payload: ModelPayload) -> Any:
+    model = load_model_bytes(payload.archive, payload.custom_objects(), payload.safe_mode)
     if model.optimizer is None:
         raise ModelError("the rebuilt model has no optimizer (was it compiled before saving?)")
     ensure_optimizer_built(model)

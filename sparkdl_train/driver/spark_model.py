@@ -121,6 +121,18 @@ class SparkModel:
         ``sc.cancelJobGroup``) makes ``fit`` raise :class:`~sparkdl_train.errors.FitCancelled`."""
         return self._monitor.job_group if self._monitor is not None else None
 
+    def save(self, path: str, overwrite: bool = True) -> str:
+        """Save the model (``model.keras``) and this SparkModel's training config under ``path``,
+        a directory on any filesystem Spark's Hadoop API reaches (``hdfs://``, ``s3a://``,
+        ``file:``; no scheme: ``fs.defaultFS``, like Spark's own writers). Returns the
+        qualified path. Load with :func:`sparkdl_train.load_spark_model`."""
+        from ..saving import save_spark_model
+
+        return save_spark_model(self, path, overwrite)
+
+    def _explicit_config(self) -> dict[str, Any]:
+        return {k: v for k, v in self._overrides.items() if v is not None}
+
     def cancel(self) -> None:
         """Cancel the running ``fit``'s Spark jobs (call from another thread); ``fit`` raises
         :class:`~sparkdl_train.errors.FitCancelled` after its servers are shut down."""

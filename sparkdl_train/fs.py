@@ -1,0 +1,105 @@
+"""Files through Spark's Hadoop ``FileSystem`` API (``hdfs://``, ``s3a://``, ``abfs://``, ``gs://``,
+``file:``, ...), in the driver, without a ``hadoop fs`` subprocess.
+
+Paths resolve as Spark resolves them for ``df.write.parquet(path)``: a path
+without a scheme is relative to ``fs.defaultFS`` (HDFS on a YARN cluster, the
+local disk in ``local[*]``). Without an active SparkContext only local paths
+are accepted.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .errors import ConfigError
+
+_CHUNK = 8 << 20  # bytes per py4j call when writing
+
+
+def active_context() -> Any:
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context
+
+
+class FileSystem:
+    """Read and write whole files under one base path."""
+
+    def __init__(self, sc: Any = None):
+        self.sc = sc if sc is not None else active_context()
+
+    # -- local fallback -----------------------------------------------------------------
+    @staticmethod
+    def _local(path: str) -> str:
+        if path.startswith("file://"):
+            return path[len("file://") :]
+        if path.startswith("file:"):
+            return path[len("file:") :]
+        if "://" in path:
+            raise ConfigError(f"{path!r}: a path with a scheme needs an active SparkContext (Spark's Hadoop filesystem API)")
+        return path
+
+    # -- Hadoop ---------------------------------------------------------------------------
+    def _fs(self, path: str) -> tuple[Any, Any]:
+        jvm = self.sc._jvm
+        p = jvm.org.apache.hadoop.fs.Path(path)
+        return p.getFileSystem(self.sc._jsc.hadoopConfiguration()), p
+
+    def qualified(self, path: str) -> str:
+        """The fully qualified path (scheme and authority) the path resolves to."""
+        if self.sc is None:
+            return "file:" + os.path.abspath(self._local(path))
+        fs, p = self._fs(path)
+        return str(fs.makeQualified(p).toString())
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        if self.sc is None:
+            local = self._local(path)
+            os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+            with open(local, "wb") as f:
+                f.write(data)
+            return
+        fs, p = self._fs(path)
+        out = fs.create(p, True)  # creates parent directories, overwrites
+        try:
+            view = memoryview(data)
+            for pos in range(0, len(view), _CHUNK):
+                out.write(bytes(view[pos : pos + _CHUNK]))
+        finally:
+            out.close()
+
+    def read_bytes(self, path: str) -> bytes:
+        if self.sc is None:
+            with open(self._local(path), "rb") as f:
+                return f.read()
+        jvm = self.sc._jvm
+        fs, p = self._fs(path)
+        if not fs.exists(p):
+            raise FileNotFoundError(f"{self.qualified(path)} does not exist")
+        sink = jvm.java.io.ByteArrayOutputStream()
+        jvm.org.apache.hadoop.io.IOUtils.copyBytes(fs.open(p), sink, 1 << 16, True)
+        return bytes(sink.toByteArray())
+
+    def exists(self, path: str) -> bool:
+        if self.sc is None:
+            return os.path.exists(self._local(path))
+        fs, p = self._fs(path)
+        return bool(fs.exists(p))
+
+    def delete(self, path: str) -> None:
+        if self.sc is None:
+            import shutil
+
+            local = self._local(path)
+            if os.path.isdir(local):
+                shutil.rmtree(local)
+            elif os.path.exists(local):
+                os.remove(local)
+            return
+        fs, p = self._fs(path)
+        fs.delete(p, True)
+
+
+def join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
