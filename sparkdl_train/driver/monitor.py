@@ -79,6 +79,8 @@ class FitMonitor:
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> "FitMonitor":
+        if self.live:  # first: if it cannot bind, nothing else has been changed yet
+            self._server = ReportServer(self.host, self._secret).start()
         sc = self.sc
         if sc is not None:
             self._saved = {k: sc.getLocalProperty(k) for k in _GROUP_PROPS}
@@ -87,8 +89,6 @@ class FitMonitor:
                 self.job_group = f"sparkdl_train-fit-{self.fit_id}"
                 sc.setJobGroup(self.job_group, "sparkdl_train fit", interruptOnCancel=True)
             sc.addJobTag(self.tag)
-        if self.live:
-            self._server = ReportServer(self.host, self._secret).start()
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -54,6 +54,15 @@ class StepSettings:
     threads: int | None = None
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MiB."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)  # bytes on macOS, KiB on Linux
+
+
 def _info(samples: int, steps: int, start: float) -> dict[str, Any]:
     return {
         "samples": samples,
@@ -61,6 +70,7 @@ def _info(samples: int, steps: int, start: float) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - start, 4),
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "peak_rss_mb": peak_rss_mb(),
     }
 
 
