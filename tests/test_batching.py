@@ -63,3 +63,36 @@ def test_rows_to_chunks_formats():
         list(rows_to_chunks([np.zeros(3)], 10))
     with pytest.raises(ValueError, match="different shapes"):
         list(rows_to_chunks([(np.zeros(2), 0), (np.zeros(3), 1)], 10))
+
+
+# -- prefetch (pure) ---------------------------------------------------------------------------
+
+def test_prefetch_keeps_order_bounds_the_queue_and_reraises_in_the_consumer():
+    import threading
+    import time
+
+    from sparkdl_train.data.prefetch import prefetch
+
+    produced = []
+
+    def items(n, fail_at=None):
+        for i in range(n):
+            if i == fail_at:
+                raise ValueError(f"bad row {i}")
+            produced.append(i)
+            yield i
+
+    assert list(prefetch(items(50), depth=3)) == list(range(50))
+    # a slow consumer: the producer runs at most depth (+1 in hand) items ahead
+    produced.clear()
+    it = prefetch(items(100), depth=3)
+    assert next(it) == 0
+    time.sleep(0.3)
+    assert len(produced) <= 5
+    it.close()  # the consumer stops early: so does the producer thread
+    time.sleep(0.3)
+    assert len(produced) <= 6
+    assert not any(t.name == "sparkdl_train-prefetch" for t in threading.enumerate())
+    with pytest.raises(ValueError, match="bad row 7"):
+        list(prefetch(items(20, fail_at=7), depth=2))
+    assert list(prefetch(iter([1, 2]), depth=0)) == [1, 2]

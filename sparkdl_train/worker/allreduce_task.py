@@ -30,6 +30,7 @@ import numpy as np
 
 from ..allreduce import ring
 from ..allreduce.transport import Group, PeerAborted, rendezvous
+from ..data.prefetch import prefetch
 from ..data.batching import Batch, num_rows, rebatch
 from ..errors import SparkDLError
 from ..merge import Partial, WeightedMean
@@ -105,7 +106,7 @@ class AllreduceTrainTask:
         step = _fused_step(model, s.batch_size)
         buf = np.empty(step.size, np.float32)
         rng = np.random.default_rng([s.seed, self.epoch, partition])
-        batches = rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng)
+        batches = prefetch(rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng))
         batches = (b for b in batches if num_rows(b))  # an exhausted generator keeps returning None below
         reporter = Reporter(self.report, partition)
         samples = local_steps = global_steps = 0

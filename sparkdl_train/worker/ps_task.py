@@ -12,6 +12,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..data.prefetch import prefetch
 from ..data.batching import Batch, rebatch
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state
@@ -56,7 +57,7 @@ class PSTrainTask:
         rng = np.random.default_rng([s.seed, self.epoch, partition])
         ps = self.ps
         reporter = Reporter(self.report, partition)
-        ahead = Lookahead(rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng))
+        ahead = Lookahead(prefetch(rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng)))
         sync = TableSync(model, ps.tables)  # with no tables every weight travels whole
         # with tables, read the next window ahead so that only its rows are pulled
         window = ps.every if ps.tables and ps.every is not None and ps.every <= MAX_LOOKAHEAD else None

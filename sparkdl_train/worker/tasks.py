@@ -15,6 +15,7 @@ from typing import Any, Iterable, Protocol
 import numpy as np
 
 from .. import wire
+from ..data.prefetch import prefetch
 from ..data.batching import Batch, rebatch
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
@@ -95,7 +96,7 @@ def _run_partition(
     model = _model(payload, state, settings)
     model.reset_metrics()
     shuffle = training and settings.shuffle
-    batches = rebatch(chunks, settings.batch_size, shuffle=shuffle, buffer_rows=settings.shuffle_buffer_size, rng=rng)
+    batches = prefetch(rebatch(chunks, settings.batch_size, shuffle=shuffle, buffer_rows=settings.shuffle_buffer_size, rng=rng))
     on_batch = (lambda steps, samples: reporter(steps, samples, model)) if reporter is not None else None
     samples, steps = run_steps(model, batches, training=training, on_batch=on_batch)
     if reporter is not None:
