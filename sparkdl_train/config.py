@@ -15,6 +15,7 @@ MODES = ("synchronous", "asynchronous", "hogwild", "allreduce")
 FREQUENCIES = ("epoch", "batch")
 COMPRESSIONS = (None, "none", "fp16")
 LR_SCALINGS = ("none", "linear", "sqrt")
+NAN_POLICIES = ("fail", "skip", "ignore")
 CONF_PREFIX = "spark.sparkdl_train."
 
 
@@ -46,6 +47,7 @@ class EngineConfig:
     shuffle_buffer_size: int = 16384
     worker_threads: int | None = None
     safe_mode: bool = True
+    nan_policy: str = "fail"  # non-finite features/labels: fail the task, skip the rows, or ignore
     # parameter server (modes other than synchronous/epoch)
     staleness_bound: int | None = None
     delta_scale: float | None = None  # async/hogwild: None -> 1 / workers
@@ -59,6 +61,7 @@ class EngineConfig:
     sparse_embeddings: bool | None = None  # push/pull embedding rows, not whole tables (None: when possible)
     # allreduce (barrier mode)
     allreduce_timeout: float = 600.0  # a rank waits at most this long for a peer or the rendezvous
+    epoch_retries: int = 2  # allreduce: a failed barrier stage is re-run from the epoch's start this often
     compression: str | None = None  # "fp16": gradients cross the wire as float16
     lr_scaling: str = "none"  # "linear" (x ranks) or "sqrt" applied on the executors
 
@@ -94,6 +97,10 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if isinstance(self.epoch_retries, bool) or not isinstance(self.epoch_retries, int) or self.epoch_retries < 0:
+            raise ConfigError(f"epoch_retries must be an integer >= 0, got {self.epoch_retries!r}")
+        if self.nan_policy not in NAN_POLICIES:
+            raise ConfigError(f"unknown nan_policy {self.nan_policy!r}; expected one of {', '.join(NAN_POLICIES)}")
         if self.sparse_embeddings not in (None, True, False):
             raise ConfigError(f"sparse_embeddings must be True, False or None, got {self.sparse_embeddings!r}")
         if self.sparse_embeddings and self.mode == "allreduce":
@@ -128,7 +135,9 @@ class EngineConfig:
             "ps.joinTimeout": ("join_timeout", float),
             "ps.sparseEmbeddings": ("sparse_embeddings", _bool),
             "progress.interval": ("report_interval", float),
+            "data.nanPolicy": ("nan_policy", str),
             "allreduce.timeout": ("allreduce_timeout", float),
+            "allreduce.epochRetries": ("epoch_retries", int),
             "allreduce.compression": ("compression", str),
             "allreduce.lrScaling": ("lr_scaling", str),
         }
@@ -164,7 +173,7 @@ class FitConfig:
         _positive_int("batch_size", self.batch_size)
         if not isinstance(self.validation_split, (int, float)) or not 0.0 <= self.validation_split < 1.0:
             raise ConfigError(f"validation_split must be in [0, 1), got {self.validation_split!r}")
-        if isinstance(self.initial_epoch, bool) or not isinstance(self.initial_epoch, int) or not 0 <= self.initial_epoch < self.epochs:
-            raise ConfigError(f"initial_epoch must be in [0, epochs), got {self.initial_epoch!r}")
+        if isinstance(self.initial_epoch, bool) or not isinstance(self.initial_epoch, int) or not 0 <= self.initial_epoch <= self.epochs:
+            raise ConfigError(f"initial_epoch must be in [0, epochs], got {self.initial_epoch!r}")
         if self.verbose not in (0, 1, 2, True, False):
             raise ConfigError(f"verbose must be 0, 1 or 2, got {self.verbose!r}")

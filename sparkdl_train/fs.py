@@ -87,6 +87,19 @@ class FileSystem:
         fs, p = self._fs(path)
         return bool(fs.exists(p))
 
+    def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst``, replacing ``dst`` (Hadoop's rename refuses to overwrite, so
+        ``dst`` is deleted first)."""
+        if self.sc is None:
+            os.replace(self._local(src), self._local(dst))
+            return
+        fs, s = self._fs(src)
+        _, d = self._fs(dst)
+        if fs.exists(d):
+            fs.delete(d, False)
+        if not fs.rename(s, d):
+            raise OSError(f"cannot rename {self.qualified(src)} to {self.qualified(dst)}")
+
     def delete(self, path: str) -> None:
         if self.sc is None:
             import shutil

@@ -13,6 +13,7 @@ import socket
 import threading
 from typing import Any
 
+from .errors import ConfigError
 from .ps import protocol as P
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,14 @@ class AuthServer:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "AuthServer":
-        listener = socket.create_server((self.host, self.port), reuse_port=False)
+        try:
+            listener = socket.create_server((self.host, self.port), reuse_port=False)
+        except OSError as exc:  # unknown name, or an address that is not this machine's
+            raise ConfigError(
+                f"the {self.kind} cannot listen on {self.host}:{self.port}: {exc}. It binds the driver's address "
+                "(spark.sparkdl_train.ps.host, else spark.driver.host): set it to an address of the driver "
+                "machine that the executors can reach"
+            ) from None
         listener.settimeout(0.5)
         self._listener = listener
         self.port = listener.getsockname()[1]
@@ -126,6 +134,9 @@ class AuthServer:
         except (OSError, RuntimeError) as exc:
             if not self._stopping.is_set():
                 log.warning("%s: worker %s (%s) disconnected: %s", self.kind, worker, peer, exc)
+        except Exception as exc:  # noqa: BLE001 - an authenticated peer sent something unexpected
+            log.warning("%s: dropping worker %s (%s) after %s: %s", self.kind, worker, peer, type(exc).__name__, exc)
+            self.try_error(conn, f"{type(exc).__name__}: {exc}")
         finally:
             with self._lock:
                 self._conns.discard(conn)

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..config import EngineConfig
-from ..errors import ConfigError, SparkDLError
+from ..errors import ConfigError, SparkDLError, WorkerError
 from ..model_io import metrics_result, set_metric_state, set_state
 from ..worker.allreduce_task import AllreduceTrainTask, RingSettings
 from ..worker.tasks import StepSettings
@@ -41,6 +41,15 @@ def check_barrier_launch(sc: Any, ranks: int, wait: float) -> int:
             "mode='allreduce' runs as a Spark barrier stage, which Spark does not support with "
             "spark.dynamicAllocation.enabled=true; disable dynamic allocation or use a parameter-server mode"
         )
+    return check_concurrent_slots(
+        sc, ranks, wait,
+        f"mode='allreduce' needs {ranks} task slots at once (one per rank, all in one barrier stage)",
+    )
+
+
+def check_concurrent_slots(sc: Any, ranks: int, wait: float, need: str) -> int:
+    """Raise ConfigError (``need`` says why) unless ``ranks`` tasks can run at once; on a cluster,
+    wait up to ``wait`` seconds for executors to register first. Returns the slot count."""
     slots = barrier_slots(sc)
     local = sc.master.startswith("local") and not sc.master.startswith("local-cluster")
     if slots < ranks and not local:
@@ -50,7 +59,7 @@ def check_barrier_launch(sc: Any, ranks: int, wait: float) -> int:
             slots = barrier_slots(sc)
     if slots < ranks:
         raise ConfigError(
-            f"mode='allreduce' needs {ranks} task slots at once (one per rank, all in one barrier stage), "
+            f"{need}, "
             f"but the cluster offers {slots} (executors x cores / spark.task.cpus); lower num_workers "
             "(spark.sparkdl_train.numWorkers) or add executors"
         )
@@ -68,6 +77,15 @@ def check_learning_rate(model: Any, config: EngineConfig) -> None:
         )
 
 
+_NOT_RETRYABLE = ("sparkdl_train.errors.DataError", "sparkdl_train.errors.ModelError", "sparkdl_train.errors.ConfigError")
+
+
+def retryable(exc: WorkerError) -> bool:
+    """A lost rank (killed worker, lost executor, network) is worth a new stage; bad data is not."""
+    text = str(exc)
+    return not any(marker in text for marker in _NOT_RETRYABLE)
+
+
 class AllreduceEngine:
     """Barrier-mode ring allreduce for the duration of one fit."""
 
@@ -76,7 +94,7 @@ class AllreduceEngine:
         self.config = config
         self.workers = workers
         self.secret = secrets.token_bytes(32)  # per fit; proves ring peers belong to it
-        self.totals = {"steps": 0, "bytes_sent": 0, "bytes_received": 0, "comm_seconds": 0.0}
+        self.totals = {"steps": 0, "bytes_sent": 0, "bytes_received": 0, "comm_seconds": 0.0, "epoch_retries": 0}
 
     def __enter__(self) -> "AllreduceEngine":
         return self
@@ -98,10 +116,22 @@ class AllreduceEngine:
             self.secret, timeout=c.allreduce_timeout, connect_timeout=c.connect_timeout,
             compression=None if c.compression in (None, "none") else c.compression, lr_scaling=c.lr_scaling,
         )
-        partial, stats = run_epoch(
-            model, train, refs, lambda p, s, r: AllreduceTrainTask(p, s, epoch, settings, rs, r), epoch, epochs, monitor,
-            launch=lambda task, desc: train.barrier_map(task, desc, c.allreduce_timeout),
-        )
+        # Spark never re-runs a failed barrier ResultStage, so the engine does: the driver's model
+        # still holds the epoch's starting state (the last checkpoint), and a new stage starts
+        # from it with a fresh rendezvous. Errors in the data or the model are not retried.
+        for attempt in range(c.epoch_retries + 1):
+            try:
+                partial, stats = run_epoch(
+                    model, train, refs, lambda p, s, r: AllreduceTrainTask(p, s, epoch, settings, rs, r), epoch, epochs,
+                    monitor, launch=lambda task, desc: train.barrier_map(task, desc, c.allreduce_timeout),
+                )
+                break
+            except WorkerError as exc:
+                if attempt >= c.epoch_retries or not retryable(exc):
+                    raise
+                self.totals["epoch_retries"] += 1
+                log.warning("epoch %d: the barrier stage failed (%s); re-running it from the epoch's start (retry %d of %d)",
+                            epoch + 1, exc.message, attempt + 1, c.epoch_retries)
         infos = list(partial.partitions.values())
         digests = {i.get("weights_sha256") for i in infos}
         if len(digests) != 1:

@@ -216,6 +216,7 @@ class ParameterServerEngine:
         per_push = (st["bytes_in"] + st["bytes_out"]) / st["updates"] if st["updates"] else None
         return {
             **st,
+            "address": list(self.server.address),
             "delta_scale": self.scale,
             "sparse_tables": [t.name for t in self.tables],
             # everything on the wire (handshakes and pulls included) per push ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Sequence
 
@@ -58,6 +59,14 @@ class SparkModel:
             number of ranks on the executors (``'sqrt'``: by its square root); default ``'none'``.
         allreduce_timeout: allreduce only: seconds a rank waits for a peer (rendezvous or
             data) before the fit fails naming that peer (default 600).
+        epoch_retries: allreduce only: Spark does not re-run a failed barrier stage, so when a
+            rank is lost (worker killed, executor lost) the engine re-runs the epoch from its
+            starting state, at most this many times (default 2); errors in the data or the
+            model fail at once.
+        nan_policy: what a NaN or infinite feature, label or weight does on the executors:
+            ``'fail'`` (default) fails the fit naming the input, partition and row; ``'skip'``
+            drops such rows and counts them (``skipped_rows`` in ``stats``); ``'ignore'``
+            feeds them to the model unchecked.
 
     Values left at ``None`` are read from ``spark.sparkdl_train.*`` keys
     (``numWorkers``, ``seed``, ``shuffleBufferSize``, ``worker.threads``).
@@ -80,6 +89,8 @@ class SparkModel:
         lr_scaling: str | None = None,
         allreduce_timeout: float | None = None,
         sparse_embeddings: bool | None = None,
+        nan_policy: str | None = None,
+        epoch_retries: int | None = None,
     ):
         check_compiled(model)
         self._model = model
@@ -97,6 +108,8 @@ class SparkModel:
             lr_scaling=lr_scaling,
             allreduce_timeout=allreduce_timeout,
             sparse_embeddings=sparse_embeddings,
+            nan_policy=nan_policy,
+            epoch_retries=epoch_retries,
         )
         self.config = EngineConfig(**{k: v for k, v in self._overrides.items() if v is not None})
         self.custom_objects = dict(custom_objects or {})
@@ -153,6 +166,7 @@ class SparkModel:
         feature_cols: Any = None,
         label_col: Any = None,
         sample_weight_col: str | None = None,
+        checkpoint_dir: str | None = None,
     ) -> Any:
         """Train on ``data`` (DataFrame, RDD of ``(x, y)``) and return a ``keras.callbacks.History``.
 
@@ -166,6 +180,12 @@ class SparkModel:
         (merged) logs; batch hooks run once per live report with the running, sample-weighted
         logs of all workers. Setting ``model.stop_training`` during an epoch cancels that
         epoch's Spark job (e.g. ``TerminateOnNaN``).
+
+        ``checkpoint_dir`` (any Hadoop-reachable path) receives the model's weights and
+        optimizer state after every completed epoch. A fit whose ``checkpoint_dir`` already
+        holds a checkpoint restores it and continues with the next epoch (the returned
+        ``History`` covers the epochs run by this call; ``history.epoch`` numbers them), so
+        re-running a failed job's ``fit`` resumes it with the result an uninterrupted run gives.
         """
         import keras
 
@@ -199,6 +219,15 @@ class SparkModel:
             check_barrier_launch(sc, workers, engine.connect_timeout)
         else:
             workers = engine.num_workers or self._default_workers(train)
+            if engine.mode == "synchronous" and engine.frequency != "epoch" and sc is not None:
+                from .allreduce import check_concurrent_slots
+
+                # every round waits for all workers: one without a slot would stall each round
+                check_concurrent_slots(
+                    sc, workers, engine.connect_timeout,
+                    f"mode='synchronous' with frequency={engine.frequency!r} needs its {workers} workers running "
+                    "at once (each round waits for all of them)",
+                )
         if barrier and train.num_partitions() != workers:
             log.info("allreduce: repartitioning %d partitions into %d (one per rank; barrier stages cannot coalesce)",
                      train.num_partitions(), workers)
@@ -213,9 +242,20 @@ class SparkModel:
             shuffle_buffer_size=engine.shuffle_buffer_size,
             seed=engine.seed,
             threads=self._threads(train, workers, engine),
+            nan_policy=engine.nan_policy,
         )
-        eval_settings = StepSettings(batch_size=fit_cfg.batch_size, threads=settings.threads)
+        eval_settings = StepSettings(batch_size=fit_cfg.batch_size, threads=settings.threads, nan_policy=engine.nan_policy)
         self.stats = FitStats(num_workers=workers, worker_threads=settings.threads, mode=engine.mode, frequency=engine.frequency)
+        checkpointer = None
+        if checkpoint_dir is not None:
+            from .checkpoint import Checkpointer
+
+            checkpointer = Checkpointer(checkpoint_dir, sc=sc)
+            restored = checkpointer.restore(model)
+            if restored is not None:
+                fit_cfg = dataclasses.replace(fit_cfg, initial_epoch=min(fit_cfg.epochs, max(fit_cfg.initial_epoch, restored.epochs_done)))
+                if fit_cfg.initial_epoch >= fit_cfg.epochs:
+                    log.info("%s: all %d epochs are already done", checkpoint_dir, fit_cfg.epochs)
         runner = make_engine(engine, model, sc, workers)
         cb = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=False, model=model,
@@ -234,7 +274,7 @@ class SparkModel:
             # the job group, report server and parameter server (if the mode has one) live exactly this long
             with monitor, runner:
                 cb.on_train_begin()
-                logs = self._run_epochs(runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress, monitor)
+                logs = self._run_epochs(runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress, monitor, checkpointer)
         finally:
             self.stats.server = runner.server_stats()
             self.stats.reports = monitor.reports_received
@@ -243,7 +283,7 @@ class SparkModel:
         cb.on_train_end(logs)
         return model.history
 
-    def _run_epochs(self, runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress, monitor) -> dict[str, Any]:
+    def _run_epochs(self, runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress, monitor, checkpointer=None) -> dict[str, Any]:
         model = self._model
         logs: dict[str, Any] = {}
         for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
@@ -270,6 +310,9 @@ class SparkModel:
             log.info("epoch %d/%d %s (%.0f samples/s)", epoch + 1, fit_cfg.epochs,
                      " ".join(f"{k}={v:.4g}" for k, v in logs.items() if isinstance(v, float)), stats.samples_per_second)
             cb.on_epoch_end(epoch, logs)
+            if checkpointer is not None:  # after the callbacks: a learning-rate change is part of the state
+                checkpointer.save(model, epoch + 1, logs, {"mode": self.stats.mode, "frequency": self.stats.frequency,
+                                                           "num_workers": self.stats.num_workers, "epochs": fit_cfg.epochs})
             if model.stop_training:
                 break
         return logs
@@ -293,7 +336,8 @@ class SparkModel:
         payload = self._payload()
         adapter = self._adapter(data, labelled=True, what="data")
         self._check_sample(adapter, "data")
-        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), self._conf(adapter)))
+        conf = self._conf(adapter)
+        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf), nan_policy=conf.nan_policy)
         refs = SharedRefs(payload)
         try:
             logs = evaluate_logs(self._model, adapter, refs, settings, "sparkdl_train evaluate")

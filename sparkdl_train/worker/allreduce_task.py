@@ -32,6 +32,7 @@ from ..allreduce import ring
 from ..allreduce.transport import Group, PeerAborted, rendezvous
 from ..data.prefetch import prefetch
 from ..data.batching import Batch, num_rows, rebatch
+from ..data.finite import Screen
 from ..errors import SparkDLError
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
@@ -106,7 +107,8 @@ class AllreduceTrainTask:
         step = _fused_step(model, s.batch_size)
         buf = np.empty(step.size, np.float32)
         rng = np.random.default_rng([s.seed, self.epoch, partition])
-        batches = prefetch(rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng))
+        screen = Screen(s.nan_policy, partition, model)
+        batches = prefetch(rebatch(screen(chunks), s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng))
         batches = (b for b in batches if num_rows(b))  # an exhausted generator keeps returning None below
         reporter = Reporter(self.report, partition)
         samples = local_steps = global_steps = 0
@@ -136,7 +138,7 @@ class AllreduceTrainTask:
         _scale_lr(model, 1.0, base_lr)
         reporter.finish(local_steps, samples, model)
         weights = [np.asarray(v.numpy()) for v in model.weights]
-        info = _info(samples, local_steps, start)
+        info = {**_info(samples, local_steps, start), **screen.info()}
         info.update(
             rank=rank,
             world_size=size,

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..data.prefetch import prefetch
 from ..data.batching import Batch, rebatch
+from ..data.finite import Screen
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state
 from ..ps.client import PSClient
@@ -57,7 +58,8 @@ class PSTrainTask:
         rng = np.random.default_rng([s.seed, self.epoch, partition])
         ps = self.ps
         reporter = Reporter(self.report, partition)
-        ahead = Lookahead(prefetch(rebatch(chunks, s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng)))
+        screen = Screen(s.nan_policy, partition, model)
+        ahead = Lookahead(prefetch(rebatch(screen(chunks), s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng)))
         sync = TableSync(model, ps.tables)  # with no tables every weight travels whole
         # with tables, read the next window ahead so that only its rows are pulled
         window = ps.every if ps.tables and ps.every is not None and ps.every <= MAX_LOOKAHEAD else None
@@ -89,6 +91,7 @@ class PSTrainTask:
             client.done()
             reporter.finish(steps, samples, model)
             info = _info(samples, steps, start)
+            info.update(screen.info())
             info.update(pushes=mark["pushes"], bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
         if samples == 0:
             return Partial(partitions={partition: info})

@@ -17,6 +17,7 @@ import numpy as np
 from .. import wire
 from ..data.prefetch import prefetch
 from ..data.batching import Batch, rebatch
+from ..data.finite import Screen
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
 from . import runtime
@@ -53,6 +54,7 @@ class StepSettings:
     shuffle_buffer_size: int = 0
     seed: int = 0
     threads: int | None = None
+    nan_policy: str = "fail"  # see sparkdl_train.data.finite
 
 
 def peak_rss_mb() -> float:
@@ -64,8 +66,16 @@ def peak_rss_mb() -> float:
     return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)  # bytes on macOS, KiB on Linux
 
 
+def _attempt() -> int:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.attemptNumber() if ctx is not None else 0
+
+
 def _info(samples: int, steps: int, start: float) -> dict[str, Any]:
     return {
+        "attempt": _attempt(),  # > 0: Spark retried this partition's task
         "samples": samples,
         "batches": steps,
         "seconds": round(time.perf_counter() - start, 4),
@@ -90,18 +100,20 @@ def _run_partition(
     training: bool,
     rng: np.random.Generator | None = None,
     reporter: Reporter | None = None,
+    partition: int = -1,
 ) -> tuple[Any, dict[str, Any]]:
     """Stream one partition through the model's train or test step; metrics accumulate from zero."""
     start = time.perf_counter()
     model = _model(payload, state, settings)
     model.reset_metrics()
     shuffle = training and settings.shuffle
-    batches = prefetch(rebatch(chunks, settings.batch_size, shuffle=shuffle, buffer_rows=settings.shuffle_buffer_size, rng=rng))
+    screen = Screen(settings.nan_policy, partition, model)
+    batches = prefetch(rebatch(screen(chunks), settings.batch_size, shuffle=shuffle, buffer_rows=settings.shuffle_buffer_size, rng=rng))
     on_batch = (lambda steps, samples: reporter(steps, samples, model)) if reporter is not None else None
     samples, steps = run_steps(model, batches, training=training, on_batch=on_batch)
     if reporter is not None:
         reporter.finish(steps, samples, model)
-    return model, _info(samples, steps, start)
+    return model, {**_info(samples, steps, start), **screen.info()}
 
 
 @dataclass(frozen=True)
@@ -117,7 +129,7 @@ class TrainEpochTask:
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
         rng = np.random.default_rng([self.settings.seed, self.epoch, partition])
         reporter = Reporter(self.report, partition) if self.report is not None else None
-        model, info = _run_partition(self.payload, self.state, self.settings, chunks, True, rng, reporter)
+        model, info = _run_partition(self.payload, self.state, self.settings, chunks, True, rng, reporter, partition)
         samples = info["samples"]
         if samples == 0:
             return Partial(partitions={partition: info})
@@ -139,7 +151,7 @@ class EvaluateTask:
     settings: StepSettings
 
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
-        model, info = _run_partition(self.payload, self.state, self.settings, chunks, False)
+        model, info = _run_partition(self.payload, self.state, self.settings, chunks, False, partition=partition)
         metrics = get_metric_state(model) if info["samples"] else None
         return Partial(samples=info["samples"], batches=info["batches"], metrics=metrics, partitions={partition: info})
 

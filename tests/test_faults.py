@@ -1,0 +1,68 @@
+"""Killing an executor's Python worker (SIGKILL, by pid) mid-fit on local-cluster[2,1,2048], for
+every engine (tests/fault_check.py does the killing in a separate driver process)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def cases():
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "fault_check.py"), "local-cluster[2,1,2048]"],
+        capture_output=True, text=True, timeout=1200, env=env,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    return result["n"], {c["name"]: c for c in result["cases"]}
+
+
+def _released(case):
+    assert case["threads_after"] == [], case  # report server, parameter server, helper threads
+    assert case["new_listening_sockets"] == 0, case
+    if "server_port_closed" in case:
+        assert case["server_port_closed"], case
+
+
+@pytest.mark.parametrize("name", ["averaging", "sync-ps", "async-ps", "hogwild-ps"])
+def test_killed_worker_task_is_retried_with_no_lost_epoch(cases, name, reference_accuracy):
+    n, by_name = cases
+    case = by_name[name]
+    assert case["killed_pid"], case  # the kill happened, in the second epoch
+    assert case["ok"], case.get("error")
+    assert case["epochs"] == EPOCHS
+    assert case["epoch_samples"] == [n] * EPOCHS  # the dead attempt's samples are not counted
+    assert case["attempts"][1]["1"] == 1  # epoch 2, partition 1: Spark's second attempt
+    assert case["acc"] >= reference_accuracy - 0.1, case  # 3 epochs against the 12-epoch reference
+    _released(case)
+
+
+def test_allreduce_reruns_the_barrier_stage_from_the_epoch_start(cases, reference_accuracy):
+    n, by_name = cases
+    case = by_name["allreduce"]
+    assert case["killed_pid"] and case["ok"], case.get("error")
+    assert case["epochs"] == EPOCHS and case["epoch_samples"] == [n] * EPOCHS
+    assert case["epoch_retries"] == 1
+    assert case["acc"] >= reference_accuracy - 0.1, case
+    _released(case)
+
+
+def test_allreduce_without_retries_fails_fast_and_clearly(cases):
+    _, by_name = cases
+    case = by_name["allreduce-no-retry"]
+    assert case["killed_pid"] and not case["ok"]
+    assert case["error_type"] == "WorkerError"
+    assert "epoch 2/3" in case["error"] and "barrier" in case["error"]
+    assert "Python worker exited unexpectedly" in case["error"]
+    assert case["seconds_after_kill"] < 60  # well inside allreduce_timeout, nothing hangs
+    _released(case)
