@@ -16,6 +16,8 @@ Only plain numeric dtypes are accepted (no object arrays).
 from __future__ import annotations
 
 import json
+import math
+import re
 import struct
 from typing import Any, Sequence
 
@@ -25,7 +27,8 @@ MAGIC = b"SDLT"
 VERSION = 1
 _PREFIX = struct.Struct("<4sBI")
 MAX_HEADER_BYTES = 16 * 1024 * 1024
-_ALLOWED_KINDS = frozenset("biuf")  # bool, signed, unsigned, float
+_ALLOWED_KINDS = frozenset("biuf")
+_DTYPE_RE = re.compile(r"\A[<>|=]?[biuf][1-8]\Z")  # bool, signed, unsigned, float
 
 
 class FrameError(ValueError):
@@ -91,14 +94,18 @@ def decode(data: bytes | bytearray | memoryview, copy: bool = False) -> tuple[di
     arrays = []
     for i, d in enumerate(descs):
         try:
-            dtype = _check_dtype(np.dtype(d["dtype"]))
+            code = d["dtype"]
+            # a strict form first: np.dtype parses free text (comma lists, literal_eval) otherwise
+            if not isinstance(code, str) or not _DTYPE_RE.match(code):
+                raise FrameError(f"array {i}: dtype {str(code)[:40]!r} is not allowed on the wire (plain numeric dtype codes only)")
+            dtype = _check_dtype(np.dtype(code))
             shape = tuple(int(s) for s in d["shape"])
             nbytes = int(d["nbytes"])
         except FrameError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
             raise FrameError(f"array {i} has a bad descriptor: {exc}") from None
-        if any(s < 0 for s in shape) or nbytes != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+        if len(shape) > 32 or any(s < 0 for s in shape) or nbytes != math.prod(shape) * dtype.itemsize:
             raise FrameError(f"array {i}: nbytes {nbytes} does not match shape {shape} and dtype {dtype}")
         if pos + nbytes > len(view):
             raise FrameError(f"message truncated inside array {i}")

@@ -23,6 +23,7 @@ import os
 import select
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -357,50 +358,88 @@ def _parse_peers(raw: Sequence[str], size: int) -> list[Peer]:
 
 
 def _connect(rank, size, listener, peers, secret, session, timeout, connect_timeout) -> TcpLink:
+    """Authenticate both ring neighbours. The outgoing side (to the next rank) runs here; the
+    incoming side (accepting the previous rank) runs on a helper thread, so a stray or forged
+    connection that holds the listener cannot block this rank from answering its next
+    neighbour (which would stall the whole ring)."""
     nxt, prev = (rank + 1) % size, (rank - 1) % size
     deadline = time.monotonic() + connect_timeout
     out = _dial(peers[nxt], nxt, deadline, rank)
+    stop = threading.Event()
+    box: dict[str, Any] = {}
+
+    def incoming() -> None:
+        try:
+            box["sock"] = _accept_prev(listener, prev, rank, secret, session, deadline, stop)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            box["error"] = exc
+
+    helper = threading.Thread(target=incoming, name=f"sparkdl_train-ring-accept-{rank}", daemon=True)
     try:
         out.settimeout(connect_timeout)
         c_nonce = auth.new_nonce()
         # 1. HELLO to the next rank (small: lands in its buffer, no waiting)
         auth.send(out, auth.Msg.HELLO, {"rank": rank, "nonce": c_nonce.hex()})
-        # 2. accept the previous rank, answer its HELLO
-        inc, p_nonce, s_nonce = _accept(listener, prev, deadline, rank)
+        helper.start()
+        # 2. the next rank's challenge: check it knows the secret, prove we do
+        kind, meta, _, _ = auth.recv(out, auth.PREAUTH_MAX_BYTES)
+        auth.expect(auth.Msg.CHALLENGE, kind, meta)
+        n_nonce = bytes.fromhex(str(meta.get("nonce", "")))
+        auth.check_proof(_proof(secret, f"ring-server|{rank}|{nxt}", session, c_nonce, n_nonce), meta.get("proof"))
+        auth.send(out, auth.Msg.AUTH, {"proof": _proof(secret, f"ring-client|{rank}|{nxt}", session, n_nonce, c_nonce)})
+        # 3. the next rank accepted us
+        kind, meta, _, _ = auth.recv(out, auth.PREAUTH_MAX_BYTES)
+        auth.expect(auth.Msg.AUTH_OK, kind, meta)
+        helper.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        if helper.is_alive():
+            raise RingTimeout(f"rank {rank}: rank {prev} did not authenticate within the connect timeout")
+        if "error" in box:
+            raise box["error"]
+        inc = box["sock"]
+    except auth.AuthError as exc:
+        _abandon(out, stop, helper, box)
+        raise RingError(f"rank {rank}: ring authentication failed: {exc}") from None
+    except (socket.timeout, TimeoutError) as exc:
+        _abandon(out, stop, helper, box)
+        if isinstance(exc, RingTimeout):
+            raise
+        raise RingTimeout(f"rank {rank}: ring handshake timed out after {connect_timeout:g} s") from None
+    except BaseException:
+        _abandon(out, stop, helper, box)
+        raise
+    for s in (out, inc):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return TcpLink(rank, size, out, inc, timeout)
+
+
+def _abandon(out: socket.socket, stop: threading.Event, helper: threading.Thread, box: dict[str, Any]) -> None:
+    out.close()
+    stop.set()
+    if helper.is_alive():
+        helper.join(2.0)
+    sock = box.get("sock")
+    if sock is not None:
+        sock.close()
+
+
+def _accept_prev(listener, prev, rank, secret, session, deadline, stop) -> socket.socket:
+    """Accept and authenticate the previous rank; connections that claim its rank but fail the
+    handshake are dropped and accepting goes on until the deadline."""
+    while True:
+        inc, p_nonce, s_nonce = _accept(listener, prev, deadline, rank, stop)
         try:
             auth.send(inc, auth.Msg.CHALLENGE, {
                 "nonce": s_nonce.hex(),
                 "proof": _proof(secret, f"ring-server|{prev}|{rank}", session, p_nonce, s_nonce),
             })
-            # 3. the next rank's challenge: check it knows the secret, prove we do
-            kind, meta, _, _ = auth.recv(out, auth.PREAUTH_MAX_BYTES)
-            auth.expect(auth.Msg.CHALLENGE, kind, meta)
-            n_nonce = bytes.fromhex(str(meta.get("nonce", "")))
-            auth.check_proof(_proof(secret, f"ring-server|{rank}|{nxt}", session, c_nonce, n_nonce), meta.get("proof"))
-            auth.send(out, auth.Msg.AUTH, {"proof": _proof(secret, f"ring-client|{rank}|{nxt}", session, n_nonce, c_nonce)})
-            # 4. the previous rank's proof
             kind, meta, _, _ = auth.recv(inc, auth.PREAUTH_MAX_BYTES)
             auth.expect(auth.Msg.AUTH, kind, meta)
             auth.check_proof(_proof(secret, f"ring-client|{prev}|{rank}", session, s_nonce, p_nonce), meta.get("proof"))
             auth.send(inc, auth.Msg.AUTH_OK)
-            # 5. the next rank accepted us
-            kind, meta, _, _ = auth.recv(out, auth.PREAUTH_MAX_BYTES)
-            auth.expect(auth.Msg.AUTH_OK, kind, meta)
-        except BaseException:
+            return inc
+        except (OSError, ValueError) as exc:  # ProtocolError and AuthError are ConnectionErrors
+            log.warning("rank %d: dropped a connection claiming to be rank %d: %s", rank, prev, exc)
             inc.close()
-            raise
-    except auth.AuthError as exc:
-        out.close()
-        raise RingError(f"rank {rank}: ring authentication failed: {exc}") from None
-    except (socket.timeout, TimeoutError):
-        out.close()
-        raise RingTimeout(f"rank {rank}: ring handshake timed out after {connect_timeout:g} s") from None
-    except BaseException:
-        out.close()
-        raise
-    for s in (out, inc):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return TcpLink(rank, size, out, inc, timeout)
 
 
 def _dial(peer: Peer, peer_rank: int, deadline: float, rank: int) -> socket.socket:
@@ -414,13 +453,15 @@ def _dial(peer: Peer, peer_rank: int, deadline: float, rank: int) -> socket.sock
     raise RingTimeout(f"rank {rank}: cannot connect to rank {peer_rank} at {peer.host}:{peer.port}: {last}")
 
 
-def _accept(listener: socket.socket, prev: int, deadline: float, rank: int) -> tuple[socket.socket, bytes, bytes]:
+def _accept(listener: socket.socket, prev: int, deadline: float, rank: int, stop: threading.Event | None = None) -> tuple[socket.socket, bytes, bytes]:
     """Accept until the previous rank says HELLO; strays and wrong ranks are dropped."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             raise RingTimeout(f"rank {rank}: rank {prev} did not connect within the connect timeout")
-        listener.settimeout(left)
+        if stop is not None and stop.is_set():
+            raise RingError(f"rank {rank}: rendezvous abandoned")
+        listener.settimeout(min(left, 0.5))
         try:
             conn, addr = listener.accept()
         except socket.timeout:
