@@ -77,13 +77,22 @@ def check_learning_rate(model: Any, config: EngineConfig) -> None:
         )
 
 
+# signatures of a lost rank process: worth a new stage. A stalled rank (timeout), bad data or a
+# model error would only fail again, slower.
+_LOST_RANK = (
+    "Python worker exited unexpectedly",
+    "ExecutorLostFailure",
+    "Executor lost",
+    "Connection reset by peer",
+    "Broken pipe",
+)
 _NOT_RETRYABLE = ("sparkdl_train.errors.DataError", "sparkdl_train.errors.ModelError", "sparkdl_train.errors.ConfigError")
 
 
 def retryable(exc: WorkerError) -> bool:
-    """A lost rank (killed worker, lost executor, network) is worth a new stage; bad data is not."""
-    text = str(exc)
-    return not any(marker in text for marker in _NOT_RETRYABLE)
+    """A lost rank (killed worker, lost executor) is worth a new stage; bad data is not."""
+    text = str(exc) + "".join(exc.failures.values())
+    return any(m in text for m in _LOST_RANK) and not any(m in text for m in _NOT_RETRYABLE)
 
 
 class AllreduceEngine:

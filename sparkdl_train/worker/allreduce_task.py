@@ -39,7 +39,7 @@ from ..model_io import get_metric_state, get_state, set_state
 from .fused_step import FusedStep
 from .report import Reporter, ReportSettings
 from .steps import _build
-from .tasks import Ref, StepSettings, _info, _model
+from .tasks import Ref, StepSettings, _info, _model, on_task_device
 
 
 class RankError(SparkDLError):
@@ -65,6 +65,7 @@ class AllreduceTrainTask:
     ring: RingSettings
     report: ReportSettings | None = None
 
+    @on_task_device
     def __call__(self, partition: int, chunks: Iterable[Batch], group: Group, host: str) -> Partial:
         rank, size = group.rank, group.size
         link = None

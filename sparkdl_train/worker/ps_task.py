@@ -21,7 +21,7 @@ from ..ps.client import PSClient
 from .report import Reporter, ReportSettings
 from .sparse import Lookahead, SparseTable, TableSync
 from .steps import run_steps
-from .tasks import Ref, StepSettings, _info, _model
+from .tasks import Ref, StepSettings, _info, _model, on_task_device
 
 
 MAX_LOOKAHEAD = 256  # batches read ahead to know which table rows a window needs
@@ -50,6 +50,7 @@ class PSTrainTask:
     ps: PSSettings
     report: ReportSettings | None = None
 
+    @on_task_device
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
         start = time.perf_counter()
         s = self.settings

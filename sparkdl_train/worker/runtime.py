@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 _MAX_CACHED_MODELS = 2
 _models: "OrderedDict[str, Any]" = OrderedDict()
 _threads: int | None = None
+device: str | None = None  # the running task's TensorFlow device (see sparkdl_train.worker.gpu)
 
 
 def prepare_process(threads: int | None) -> None:
@@ -41,7 +42,7 @@ def prepare_process(threads: int | None) -> None:
 
 def get_model(payload: ModelPayload) -> Any:
     """The model for ``payload``, rebuilt once per Python worker process."""
-    key = payload.digest
+    key = f"{payload.digest}@{device}"  # variables live on the device they were built on
     model = _models.get(key)
     if model is not None:
         _models.move_to_end(key)

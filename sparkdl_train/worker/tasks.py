@@ -5,6 +5,8 @@ object. Each is called once per partition with a stream of chunks.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import socket
@@ -20,7 +22,7 @@ from ..data.batching import Batch, rebatch
 from ..data.finite import Screen
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
-from . import runtime
+from . import gpu, runtime
 from .report import Reporter, ReportSettings
 from .steps import predict_batches, run_steps
 
@@ -85,6 +87,36 @@ def _info(samples: int, steps: int, start: float) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def placed(settings: StepSettings):
+    """Prepare the process, then run under the task's GPU (if Spark assigned one); yields the
+    placement (``{}`` without GPUs)."""
+    runtime.prepare_process(settings.threads)
+    place = gpu.placement()
+    old, runtime.device = runtime.device, place.get("device")
+    try:
+        with gpu.scope(runtime.device):
+            yield place
+    finally:
+        runtime.device = old
+
+
+def on_task_device(call):
+    """Decorates a task's ``__call__(partition, chunks, ...)``: runs it under :func:`placed` and
+    records the placement in the partition's statistics."""
+
+    @functools.wraps(call)
+    def wrapper(self, partition, *args, **kwargs):
+        with placed(self.settings) as place:
+            out = call(self, partition, *args, **kwargs)
+        if place and isinstance(out, Partial):
+            for info in out.partitions.values():
+                info.update(place)
+        return out
+
+    return wrapper
+
+
 def _model(payload: Ref, state: Ref, settings: StepSettings) -> Any:
     runtime.prepare_process(settings.threads)
     model = runtime.get_model(payload.value)
@@ -126,6 +158,7 @@ class TrainEpochTask:
     settings: StepSettings
     report: ReportSettings | None = None
 
+    @on_task_device
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
         rng = np.random.default_rng([self.settings.seed, self.epoch, partition])
         reporter = Reporter(self.report, partition) if self.report is not None else None
@@ -150,6 +183,7 @@ class EvaluateTask:
     state: Ref
     settings: StepSettings
 
+    @on_task_device
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
         model, info = _run_partition(self.payload, self.state, self.settings, chunks, False, partition=partition)
         metrics = get_metric_state(model) if info["samples"] else None
@@ -165,7 +199,9 @@ class PredictTask:
     settings: StepSettings
 
     def model(self) -> Any:
-        return _model(self.payload, self.state, self.settings)
+        with placed(self.settings):
+            return _model(self.payload, self.state, self.settings)
 
     def predict(self, model: Any, x: Any) -> Any:
-        return predict_batches(model, x, self.settings.batch_size)
+        with placed(self.settings):
+            return predict_batches(model, x, self.settings.batch_size)

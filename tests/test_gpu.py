@@ -1,0 +1,70 @@
+"""GPU placement: Spark's task GPU addresses -> CUDA ordinals -> the task's TensorFlow device."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sparkdl_train.errors import ConfigError
+from sparkdl_train.worker import gpu
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.mark.parametrize("addresses,visible,expected", [
+    (["0"], None, [0]),
+    (["3"], None, [3]),
+    (["3"], "", [3]),
+    (["3"], "2,3", [1]),          # YARN/K8s narrowed the view: physical 3 is the 2nd visible device
+    (["5", "3"], "3, 5", [1, 0]),
+    (["1"], "GPU-aaa,GPU-bbb", [1]),  # UUIDs in the view: a small number is already an ordinal
+    (["GPU-bbb"], "GPU-aaa,GPU-bbb", [1]),
+])
+def test_cuda_ordinals_remap_through_cuda_visible_devices(addresses, visible, expected):
+    assert gpu.cuda_ordinals(addresses, visible) == expected
+
+
+@pytest.mark.parametrize("addresses,visible,words", [
+    (["7"], "2,3", ["'7'", "CUDA_VISIBLE_DEVICES='2,3'"]),
+    (["GPU-x"], None, ["'GPU-x'", "unset"]),
+    (["2", "2"], None, ["repeated"]),
+])
+def test_cuda_ordinals_refuse_addresses_the_executor_cannot_see(addresses, visible, words):
+    with pytest.raises(ConfigError) as info:
+        gpu.cuda_ordinals(addresses, visible)
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_placement_pins_the_task_to_its_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    monkeypatch.setattr(gpu, "task_gpu_addresses", lambda: ["6"])
+    monkeypatch.setattr(gpu, "_physical_gpus", lambda: ["gpu0", "gpu1"])
+    assert gpu.placement() == {"gpus": ["6"], "cuda_ordinals": [1], "device": "/GPU:1"}
+    monkeypatch.setattr(gpu, "_physical_gpus", lambda: [])  # CPU-only TensorFlow: falls back, says so
+    assert gpu.placement()["device"] == "/CPU:0"
+    monkeypatch.setattr(gpu, "_physical_gpus", lambda: ["gpu0"])
+    with pytest.raises(ConfigError, match="sees 1 GPU"):
+        gpu.placement()
+    monkeypatch.setattr(gpu, "task_gpu_addresses", lambda: [])
+    assert gpu.placement() == {}
+
+
+
+@pytest.mark.slow
+def test_tasks_read_their_gpus_from_spark_on_local_cluster():
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "gpu_check.py"), "local-cluster[2,1,2048]"],
+                          capture_output=True, text=True, timeout=900, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    for mode in ("synchronous", "allreduce"):
+        r = result[mode]
+        # each executor's task got that executor's GPU, re-mapped through CUDA_VISIBLE_DEVICES=3,5;
+        # this machine's TensorFlow has no GPU, so the tasks fell back to the CPU
+        assert r["placements"] == [[["3"], [0], "/CPU:0"], [["5"], [1], "/CPU:0"]], r
+        assert len(r["pids"]) >= 2
+        assert r["loss"][-1] < r["loss"][0] / 2 and r["acc"] > 0.85, r
