@@ -27,8 +27,8 @@ MAGIC = b"SDLT"
 VERSION = 1
 _PREFIX = struct.Struct("<4sBI")
 MAX_HEADER_BYTES = 16 * 1024 * 1024
-_ALLOWED_KINDS = frozenset("biuf")
-_DTYPE_RE = re.compile(r"\A[<>|=]?[biuf][1-8]\Z")  # bool, signed, unsigned, float
+_ALLOWED_KINDS = frozenset("biuf")  # bool, signed, unsigned, float
+_DTYPE_RE = re.compile(r"\A[<>|=]?[biuf][1-8]\Z")  # those kinds as plain dtype codes, e.g. "<f4", "|b1"
 
 
 class FrameError(ValueError):

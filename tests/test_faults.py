@@ -1,29 +1,17 @@
 """Killing an executor's Python worker (SIGKILL, by pid) mid-fit on local-cluster[2,1,2048], for
 every engine (tests/fault_check.py does the killing in a separate driver process)."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from conftest import run_check_script
 
 pytestmark = pytest.mark.slow
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 EPOCHS = 3
 
 
 @pytest.fixture(scope="module")
 def cases():
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "fault_check.py"), "local-cluster[2,1,2048]"],
-        capture_output=True, text=True, timeout=1200, env=env,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = run_check_script("fault_check.py", timeout=1200)
     return result["n"], {c["name"]: c for c in result["cases"]}
 
 

@@ -1,16 +1,10 @@
 """GPU placement: Spark's task GPU addresses -> CUDA ordinals -> the task's TensorFlow device."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from conftest import run_check_script
 
 from sparkdl_train.errors import ConfigError
 from sparkdl_train.worker import gpu
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.mark.parametrize("addresses,visible,expected", [
@@ -55,12 +49,7 @@ def test_placement_pins_the_task_to_its_gpu(monkeypatch):
 
 @pytest.mark.slow
 def test_tasks_read_their_gpus_from_spark_on_local_cluster():
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "gpu_check.py"), "local-cluster[2,1,2048]"],
-                          capture_output=True, text=True, timeout=900, env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = run_check_script("gpu_check.py")
     for mode in ("synchronous", "allreduce"):
         r = result[mode]
         # each executor's task got that executor's GPU, re-mapped through CUDA_VISIBLE_DEVICES=3,5;

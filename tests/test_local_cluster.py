@@ -1,27 +1,14 @@
 """SparkModel on local-cluster[2,1,2048]: two executor JVMs, each with its own Python workers."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from conftest import run_check_script
 
 pytestmark = pytest.mark.slow
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
 def result():
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "cluster_check.py"), "local-cluster[2,1,2048]"],
-        capture_output=True, text=True, timeout=900, env=env,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_check_script("cluster_check.py")
 
 
 def test_training_runs_in_separate_executor_processes(result):

@@ -17,10 +17,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DataError
+from ..config import NAN_POLICIES
+from ..errors import ConfigError, DataError
 from .batching import Batch, num_rows, take_rows
-
-NAN_POLICIES = ("fail", "skip", "ignore")
 
 
 def _named_leaves(batch: Batch, input_names: Sequence[str] = ()) -> list[tuple[str, np.ndarray]]:
@@ -64,7 +63,7 @@ class Screen:
 
     def __init__(self, policy: str, partition: int, model: Any = None):
         if policy not in NAN_POLICIES:
-            raise DataError(f"unknown nan_policy {policy!r}; expected one of {', '.join(NAN_POLICIES)}")
+            raise ConfigError(f"unknown nan_policy {policy!r}; expected one of {', '.join(NAN_POLICIES)}")
         self.policy = policy
         self.partition = partition
         self.skipped = 0
