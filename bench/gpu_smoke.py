@@ -1,7 +1,9 @@
 """GPU smoke benchmark: the CTR model trained by sparkdl_train on the GPU against the CPU.
 
-On a machine with a CUDA GPU (and a TensorFlow build that sees it: ``pip install
-tensorflow[and-cuda]`` instead of tensorflow-cpu), this
+On a machine with a CUDA GPU and a GPU-capable TensorFlow (a venv made with
+``pip install -e ".[gpu]"``, which brings ``tensorflow[and-cuda]`` in place of the CPU-only
+``tensorflow-cpu`` that ``./run`` installs; on a cluster, executors get the same from the
+archive of ``./run pack --gpu``), this
 
 1. prepares the benchmark's CTR Parquet features (``bench/e2e_ctr.py``'s data, cached
    under ``bench_data/``);
@@ -15,6 +17,12 @@ tensorflow[and-cuda]`` instead of tensorflow-cpu), this
     python bench/gpu_smoke.py --rows 200000   # quicker
 
 Without a GPU it says so and exits 0 after the CPU run (nothing to compare).
+
+On a GPU cluster the same placement runs on every executor: submit with
+``--archives sparkdl_env.tar.gz#environment`` (from ``./run pack --gpu``),
+``spark.executor.resource.gpu.amount=1``, ``spark.task.resource.gpu.amount=1`` and
+``spark.executor.resource.gpu.discoveryScript`` (Spark ships ``getGpusResources.sh``);
+``conf/spark-defaults.yarn.conf`` has the lines to uncomment.
 """
 
 from __future__ import annotations

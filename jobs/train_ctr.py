@@ -52,13 +52,38 @@ def parse_args(argv: list[str]) -> dict:
 
 
 def spark_session():
-    from pyspark import SparkConf
+    """The session spark-submit configured. Its --master, --conf and --properties-file reach the JVM
+    that spark-submit started, so nothing here may override them: a SparkConf() read in Python before
+    the JVM gateway exists is empty under spark-submit and says nothing about the master. With no master
+    anywhere (plain `python jobs/train_ctr.py`), Spark's launcher defaults to local[*]: the embedded default."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName("sparkdl_train: train_ctr")
-    if not SparkConf().contains("spark.master"):
-        builder = builder.master("local[*]")  # plain `python jobs/train_ctr.py`
+    SparkContext._ensure_initialized()  # attach to (or start) the JVM, so SparkConf() reads what it was given
+    builder = SparkSession.builder
+    if not SparkConf().contains("spark.app.name"):
+        builder = builder.appName("sparkdl_train: train_ctr")
     return builder.getOrCreate()
+
+
+def where_it_ran(spark, stats) -> dict:
+    """Where the training tasks ran: the master, the executor ids Spark recorded for them, the Python
+    worker pids beside the driver's, and what the executors' environment check found."""
+    sc = spark.sparkContext
+    parts = [i for e in stats.epochs for i in e.partitions.values()]
+    env = stats.environment or []
+    return {
+        "master": sc.master,
+        "deploy_mode": sc.getConf().get("spark.submit.deployMode", "client"),
+        "application_id": sc.applicationId,
+        "executor_ids": stats.executor_ids(),
+        "worker_pids": sorted({i["pid"] for i in parts}),
+        "worker_hosts": sorted({i["host"] for i in parts}),
+        "driver_pid": os.getpid(),
+        "executor_environment": sorted(
+            {(str(r.get("executor_id")), r["python"], r["modules"]["sparkdl_train"].get("file")) for r in env}
+        ),
+    }
 
 
 def communication(stats) -> dict:
@@ -87,7 +112,7 @@ def main(argv: list[str], spark=None) -> dict:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import functions as F
 
-    from sparkdl_train import SparkModel
+    from sparkdl_train import SparkModel, check_executors
     from sparkdl_train.datasets import ctr as ctr_data
     from sparkdl_train.models.ctr import MODELS, build_vocabulary, ctr_features
 
@@ -95,6 +120,9 @@ def main(argv: list[str], spark=None) -> dict:
     if own_session:
         spark = spark_session()
         spark.sparkContext.setLogLevel("WARN")
+    # before any of our code runs on the executors (data generation, vocabulary): a clear error, not a
+    # ModuleNotFoundError in the first task, when their Python lacks sparkdl_train
+    check_executors(spark.sparkContext)
     out_dir = os.path.abspath(cfg["output"])
     os.makedirs(out_dir, exist_ok=True)
 
@@ -170,12 +198,14 @@ def main(argv: list[str], spark=None) -> dict:
         "history": history.history,
         "data": data_path,
         "model_path": model_path,
+        **where_it_ran(spark, sm.stats),
     }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
 
     print("\n=== sparkdl_train CTR job ===")
     print(f"model {cfg['model']}  mode {cfg['mode']}/{sm.stats.frequency}  workers {sm.stats.num_workers}  epochs {summary['epochs']}")
+    print(f"ran on {summary['master']}  executors {', '.join(summary['executor_ids'])}  hosts {', '.join(summary['worker_hosts'])}")
     print(f"rows  train {n_train}  test {n_test}  vocabulary {vocab.size} ids (values seen >= {vocab.min_count} times)")
     print(f"test AUC      {exact_auc:.4f}   (Bayes-optimal {summary['bayes_auc'] if bayes is None else format(bayes['auc'], '.4f')})")
     print(f"test logloss  {test_logs['loss']:.4f}   (Bayes-optimal {'n/a' if bayes is None else format(bayes['logloss'], '.4f')})")

@@ -2,6 +2,7 @@
 
 from .config import EngineConfig, FitConfig
 from .data.rdd import to_simple_rdd
+from .driver.preflight import check_executors
 from .driver.spark_model import SparkModel
 from .errors import ConfigError, DataError, FitCancelled, ModelError, SparkDLError, WorkerError
 from .saving import load_spark_model
@@ -18,6 +19,7 @@ __all__ = [
     "SparkDLError",
     "SparkModel",
     "WorkerError",
+    "check_executors",
     "load_spark_model",
     "to_simple_rdd",
 ]

@@ -58,6 +58,9 @@ class EngineConfig:
     connect_timeout: float = 30.0
     idle_timeout: float = 21600.0
     report_interval: float = 0.5  # seconds between a worker's live progress reports
+    log_interval: float = 10.0  # seconds between progress lines when stderr is no terminal (spark-submit, CI)
+    preflight: bool = True  # check once per application that executors can import sparkdl_train/keras/tensorflow
+    preflight_timeout: float = 300.0  # seconds the check waits for executors (they may be unpacking an archive)
     sparse_embeddings: bool | None = None  # push/pull embedding rows, not whole tables (None: when possible)
     # allreduce (barrier mode)
     allreduce_timeout: float = 600.0  # a rank waits at most this long for a peer or the rendezvous
@@ -93,7 +96,8 @@ class EngineConfig:
                 raise ConfigError(f"delta_scale applies to modes 'asynchronous' and 'hogwild' only, not {self.mode!r}")
         if isinstance(self.ps_port, bool) or not isinstance(self.ps_port, int) or not 0 <= self.ps_port < 65536:
             raise ConfigError(f"ps_port must be in [0, 65535] (0 picks a free port), got {self.ps_port!r}")
-        for name in ("round_timeout", "join_timeout", "connect_timeout", "idle_timeout", "allreduce_timeout", "report_interval"):
+        for name in ("round_timeout", "join_timeout", "connect_timeout", "idle_timeout", "allreduce_timeout", "report_interval",
+                     "log_interval", "preflight_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -101,6 +105,8 @@ class EngineConfig:
             raise ConfigError(f"epoch_retries must be an integer >= 0, got {self.epoch_retries!r}")
         if self.nan_policy not in NAN_POLICIES:
             raise ConfigError(f"unknown nan_policy {self.nan_policy!r}; expected one of {', '.join(NAN_POLICIES)}")
+        if not isinstance(self.preflight, bool):
+            raise ConfigError(f"preflight must be True or False, got {self.preflight!r}")
         if self.sparse_embeddings not in (None, True, False):
             raise ConfigError(f"sparse_embeddings must be True, False or None, got {self.sparse_embeddings!r}")
         if self.sparse_embeddings and self.mode == "allreduce":
@@ -135,6 +141,9 @@ class EngineConfig:
             "ps.joinTimeout": ("join_timeout", float),
             "ps.sparseEmbeddings": ("sparse_embeddings", _bool),
             "progress.interval": ("report_interval", float),
+            "progress.logInterval": ("log_interval", float),
+            "preflight": ("preflight", _bool),
+            "preflight.timeout": ("preflight_timeout", float),
             "data.nanPolicy": ("nan_policy", str),
             "allreduce.timeout": ("allreduce_timeout", float),
             "allreduce.epochRetries": ("epoch_retries", int),

@@ -48,6 +48,7 @@ def main(master: str) -> None:
     hist = sm.fit(df, epochs=epochs, batch_size=32, verbose=0)
     acc = model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
     pids = sorted({(i["host"], i["pid"]) for e in sm.stats.epochs for i in e.partitions.values()})
+    executors = sm.stats.executor_ids()
 
     pred = sorted(sm.predict(df, batch_size=100).select("id", "prediction").collect())
     got = np.array([r.prediction for r in pred], dtype=np.float32)
@@ -99,6 +100,7 @@ def main(master: str) -> None:
         "ar_epochs": len(ar_hist.history["loss"]),
         "ar_digests": [sorted({i["weights_sha256"] for i in e.partitions.values()}) for e in ar_sm.stats.epochs],
         "ar_pids": sorted({i["pid"] for i in ar_first.values()}),
+        "ar_executor_ids": ar_sm.stats.executor_ids(),
         "ar_ranks": sorted(i["rank"] for i in ar_first.values()),
         "ar_bytes_sent": [i["bytes_sent"] for i in ar_first.values()],
         "ar_server": ar_sm.stats.server,
@@ -110,10 +112,13 @@ def main(master: str) -> None:
         "async_updates": async_server["updates"],
         "async_worker_steps": async_server["worker_steps"],
         "async_pids": async_pids,
+        "async_executor_ids": async_sm.stats.executor_ids(),
         "ref_acc": ref_acc,
         "acc": acc,
         "epochs": len(hist.history["loss"]),
         "worker_processes": [list(p) for p in pids],
+        "executor_ids": executors,
+        "master": spark.sparkContext.master,
         "driver_pid": os.getpid(),
         "pred_max_abs_diff": pred_diff,
         "eval_loss": dist_eval["loss"],

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 
 
 def run_check_script(script, master="local-cluster[2,1,2048]", timeout=900):
@@ -24,6 +25,54 @@ def run_check_script(script, master="local-cluster[2,1,2048]", timeout=900):
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def spark_submit(master, args, out, conf=(), archives=None, timeout=1200):
+    """``spark-submit --master MASTER jobs/train_ctr.py ARGS --output OUT``; returns (stdout, summary.json).
+
+    With ``archives`` the executors run ``./environment/bin/python`` from that archive, as on a real
+    cluster; otherwise this venv's Python (PYSPARK_PYTHON)."""
+    spark_submit_bin = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    cmd = [spark_submit_bin, "--master", master, "--conf", "spark.ui.showConsoleProgress=false"]
+    if archives:
+        env.pop("PYSPARK_PYTHON")
+        cmd += ["--archives", f"{archives}#environment", "--conf", "spark.pyspark.python=./environment/bin/python",
+                "--conf", f"spark.pyspark.driver.python={sys.executable}"]
+    for c in conf:
+        cmd += ["--conf", c]
+    cmd += [os.path.join(ROOT, "jobs", "train_ctr.py"), *args, "--output", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "test AUC" in proc.stdout and "Bayes-optimal" in proc.stdout
+    with open(os.path.join(str(out), "summary.json")) as f:
+        return proc.stdout + proc.stderr, json.load(f)
+
+
+def assert_ran_on_executors(executor_ids, worker_pids, driver_pid, expected=2):
+    """A cluster test is only one if its tasks ran outside the driver: Spark's executor ids for the
+    tasks are not "driver", there are as many as expected, and no Python worker is the driver process."""
+    assert "driver" not in executor_ids and "None" not in executor_ids, executor_ids
+    assert len(set(executor_ids)) == expected, executor_ids
+    assert worker_pids and driver_pid not in worker_pids, (worker_pids, driver_pid)
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory):
+    """A Spark standalone Master and two Workers (1 core, 2 GiB each) on 127.0.0.1, for the session."""
+    from standalone import StandaloneCluster
+
+    cluster = StandaloneCluster(str(tmp_path_factory.mktemp("standalone"))).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def env_archive(tmp_path_factory):
+    """sparkdl_env.tar.gz built by `./run pack` (a regular install, as shipped to a cluster)."""
+    from standalone import pack_environment
+
+    return pack_environment(ROOT, str(tmp_path_factory.mktemp("pack") / "sparkdl_env.tar.gz"))
 
 
 @pytest.fixture(scope="session")

@@ -119,6 +119,8 @@ def run_case(spark, name, make_sm, x, y, xt, yt, base):
         out["epoch_samples"] = [e.samples for e in stats.epochs]
         out["attempts"] = [{str(p): i.get("attempt", 0) for p, i in e.partitions.items()} for e in stats.epochs]
         out["pids"] = sorted({i["pid"] for e in stats.epochs for i in e.partitions.values()})
+        out["executor_ids"] = stats.executor_ids()
+        out["driver_pid"] = os.getpid()
         server = stats.server or {}
         out["epoch_retries"] = server.get("epoch_retries")
         if "address" in server:

@@ -59,9 +59,11 @@ def main(master: str) -> None:
         out[mode] = {
             "placements": sorted({(tuple(p.get("gpus", [])), tuple(p.get("cuda_ordinals", [])), p.get("device")) for p in parts}),
             "pids": sorted({p["pid"] for p in parts}),
+            "executor_ids": sm.stats.executor_ids(),
             "loss": hist.history["loss"],
             "acc": float(model.evaluate(x, y, verbose=0, return_dict=True)["accuracy"]),
         }
+    out["driver_pid"] = os.getpid()
     print("RESULT " + json.dumps(out), flush=True)
     spark.stop()
 

@@ -1,11 +1,10 @@
-import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
+
+from conftest import assert_ran_on_executors, spark_submit
 
 from sparkdl_train.datasets import ctr
 from sparkdl_train.models.ctr import Vocabulary, build_vocabulary, ctr_features, deepfm, wide_and_deep
@@ -151,29 +150,19 @@ def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, freq
     assert vocab.size == s["vocab_size"] == model.get_layer("field_embedding").input_dim
 
 
-def _spark_submit(master, args, out):
-    spark_submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    proc = subprocess.run(
-        [spark_submit, "--master", master, "--conf", "spark.ui.showConsoleProgress=false",
-         os.path.join(ROOT, "jobs", "train_ctr.py"), *args, "--output", str(out)],
-        capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "test AUC" in proc.stdout and "Bayes-optimal" in proc.stdout
-    return proc.stdout, json.loads((out / "summary.json").read_text())
-
-
 @pytest.mark.slow
 def test_default_job_gets_within_0_02_of_the_bayes_optimal_auc(tmp_path):
     """The job as shipped (conf/train_ctr.json: 1M generated rows, DeepFM, asynchronous
     parameter server pushing every 4 batches, sparse embedding rows, 1 epoch)."""
-    out, s = _spark_submit("local[2]", [], tmp_path)
+    out, s = spark_submit("local[2]", [], tmp_path)
     assert s["train_rows"] + s["test_rows"] == 1_000_000 and s["mode"] == "asynchronous" and s["frequency"] == 4
     assert s["bayes_auc"] - s["test_auc"] <= 0.02, (s["test_auc"], s["bayes_auc"])
     assert s["test_logloss"] - s["bayes_logloss"] <= 0.03
     comm = s["communication"]
     assert comm["dense_to_actual_bytes"] > 3 and "fewer bytes" in out  # 4.6x on the reference machine
+    assert s["master"] == "local[2]" and s["executor_ids"] == ["driver"]  # the --master given, nothing else
+    # stderr is no terminal under spark-submit: progress comes as lines, not carriage-return redraws
+    assert "\r" not in out and " samples/s - loss: " in out, out[-2000:]
     reloaded = keras.saving.load_model(s["model_path"])
     assert reloaded.get_layer("field_embedding").input_dim == s["vocab_size"]
 
@@ -182,7 +171,9 @@ def test_default_job_gets_within_0_02_of_the_bayes_optimal_auc(tmp_path):
 def test_job_runs_under_spark_submit_on_local_cluster(tmp_path):
     """Two executor JVMs with their own Python workers; the parameter server on the driver
     (synchronous rounds every 4 steps: the result does not depend on timing)."""
-    _, s = _spark_submit("local-cluster[2,1,2048]", ["--rows", "60000", "--workers", "2", "--mode", "synchronous"], tmp_path)
+    _, s = spark_submit("local-cluster[2,1,2048]", ["--rows", "60000", "--workers", "2", "--mode", "synchronous"], tmp_path)
+    assert s["master"] == "local-cluster[2,1,2048]", s["master"]  # spark-submit's --master, not local[*]
+    assert_ran_on_executors(s["executor_ids"], s["worker_pids"], s["driver_pid"])
     assert s["mode"] == "synchronous" and s["frequency"] == 4
     assert s["workers"] == 2 and s["train_rows"] + s["test_rows"] == 60000
     assert s["bayes_auc"] - 0.08 < s["test_auc"] <= s["bayes_auc"] + 0.005

@@ -2,7 +2,7 @@
 every engine (tests/fault_check.py does the killing in a separate driver process)."""
 
 import pytest
-from conftest import run_check_script
+from conftest import assert_ran_on_executors, run_check_script
 
 pytestmark = pytest.mark.slow
 
@@ -13,6 +13,10 @@ EPOCHS = 3
 def cases():
     result = run_check_script("fault_check.py", timeout=1200)
     return result["n"], {c["name"]: c for c in result["cases"]}
+
+
+def _on_executors(case):
+    assert_ran_on_executors(case["executor_ids"], case["pids"], case["driver_pid"])
 
 
 def _released(case):
@@ -32,6 +36,7 @@ def test_killed_worker_task_is_retried_with_no_lost_epoch(cases, name, reference
     assert case["epoch_samples"] == [n] * EPOCHS  # the dead attempt's samples are not counted
     assert case["attempts"][1]["1"] == 1  # epoch 2, partition 1: Spark's second attempt
     assert case["acc"] >= reference_accuracy - 0.1, case  # 3 epochs against the 12-epoch reference
+    _on_executors(case)
     _released(case)
 
 
@@ -42,6 +47,7 @@ def test_allreduce_reruns_the_barrier_stage_from_the_epoch_start(cases, referenc
     assert case["epochs"] == EPOCHS and case["epoch_samples"] == [n] * EPOCHS
     assert case["epoch_retries"] == 1
     assert case["acc"] >= reference_accuracy - 0.1, case
+    _on_executors(case)
     _released(case)
 
 

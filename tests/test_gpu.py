@@ -1,7 +1,7 @@
 """GPU placement: Spark's task GPU addresses -> CUDA ordinals -> the task's TensorFlow device."""
 
 import pytest
-from conftest import run_check_script
+from conftest import assert_ran_on_executors, run_check_script
 
 from sparkdl_train.errors import ConfigError
 from sparkdl_train.worker import gpu
@@ -55,5 +55,5 @@ def test_tasks_read_their_gpus_from_spark_on_local_cluster():
         # each executor's task got that executor's GPU, re-mapped through CUDA_VISIBLE_DEVICES=3,5;
         # this machine's TensorFlow has no GPU, so the tasks fell back to the CPU
         assert r["placements"] == [[["3"], [0], "/CPU:0"], [["5"], [1], "/CPU:0"]], r
-        assert len(r["pids"]) >= 2
+        assert_ran_on_executors(r["executor_ids"], r["pids"], result["driver_pid"])
         assert r["loss"][-1] < r["loss"][0] / 2 and r["acc"] > 0.85, r

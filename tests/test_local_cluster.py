@@ -1,7 +1,7 @@
 """SparkModel on local-cluster[2,1,2048]: two executor JVMs, each with its own Python workers."""
 
 import pytest
-from conftest import run_check_script
+from conftest import assert_ran_on_executors, run_check_script
 
 pytestmark = pytest.mark.slow
 
@@ -12,8 +12,10 @@ def result():
 
 
 def test_training_runs_in_separate_executor_processes(result):
+    assert result["master"] == "local-cluster[2,1,2048]"
     pids = {pid for _, pid in result["worker_processes"]}
-    assert len(pids) >= 2 and result["driver_pid"] not in pids
+    assert len(pids) >= 2
+    assert_ran_on_executors(result["executor_ids"], sorted(pids), result["driver_pid"])
 
 
 def test_accuracy_within_two_points_of_single_process(result):
@@ -31,7 +33,8 @@ def test_predict_and_evaluate_equal_single_process(result):
 
 def test_asynchronous_per_batch_parameter_server_across_executors(result):
     assert result["async_acc"] >= result["ref_acc"] - 0.03, result
-    assert len(result["async_pids"]) == 2 and result["driver_pid"] not in result["async_pids"]
+    assert len(result["async_pids"]) == 2
+    assert_ran_on_executors(result["async_executor_ids"], result["async_pids"], result["driver_pid"])
     steps = result["async_worker_steps"]
     assert len(steps) == 2 and result["async_updates"] == sum(steps.values())
     assert result["async_updates"] >= 12 * (1437 // 32)  # one push per batch, every epoch
@@ -51,6 +54,7 @@ def test_allreduce_across_executors(result):
     assert result["ar_epochs"] == 12
     assert all(len(d) == 1 for d in result["ar_digests"]), result["ar_digests"]
     assert result["ar_ranks"] == [0, 1]
-    assert len(result["ar_pids"]) == 2 and result["driver_pid"] not in result["ar_pids"]
+    assert len(result["ar_pids"]) == 2
+    assert_ran_on_executors(result["ar_executor_ids"], result["ar_pids"], result["driver_pid"])
     assert result["ar_acc"] >= result["ref_acc"] - 0.02, result
     assert min(result["ar_bytes_sent"]) > 0 and result["ar_server"]["engine"] == "allreduce"

@@ -141,7 +141,10 @@ def test_worker_reports_reach_batch_callbacks_during_each_epoch(sc, big_digits, 
     assert sm.stats.reports >= 2 * 2 * 2
 
 
-def test_verbose_1_draws_a_live_bar_per_epoch_and_verbose_0_is_silent(sc, big_digits, capfd):
+def test_verbose_1_draws_a_live_bar_per_epoch_and_verbose_0_is_silent(sc, big_digits, capfd, monkeypatch):
+    from sparkdl_train.driver import progress
+
+    monkeypatch.setattr(progress, "interactive", lambda: True)  # as in a terminal (pytest captures stderr)
     x, y = big_digits
     rdd = to_simple_rdd(sc, x, y)
     sm = SparkModel(make_mlp(), mode="asynchronous", frequency=4, num_workers=2)

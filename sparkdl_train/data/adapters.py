@@ -77,6 +77,10 @@ class DataAdapter(ABC):
     def predict(self, make_model: Callable[[], Any], predict: Callable[[Any, Any], Any], columns: list) -> Any:
         """Predictions as the natural distributed type (DataFrame column(s), RDD of arrays)."""
 
+    def spark_context(self) -> Any:
+        """The SparkContext the data lives in (``None`` for in-process arrays)."""
+        return None
+
     def unshare(self, ref: Any) -> None:
         unpersist = getattr(ref, "unpersist", None)
         if unpersist is not None:
@@ -130,6 +134,9 @@ class RDDAdapter(DataAdapter):
 
     def _like(self, rdd: Any) -> "RDDAdapter":
         return RDDAdapter(rdd, self.labelled, self.chunk_rows)
+
+    def spark_context(self) -> Any:
+        return self.rdd.context
 
     def num_partitions(self) -> int:
         if self._partitions is None:  # adapters are immutable: ask Spark once
@@ -247,6 +254,9 @@ class DataFrameAdapter(DataAdapter):
     @property
     def _sc(self) -> Any:
         return self.df.sparkSession.sparkContext
+
+    def spark_context(self) -> Any:
+        return self._sc
 
     def num_partitions(self) -> int:
         if self._partitions is None:  # adapters are immutable; df.rdd is not free, ask once

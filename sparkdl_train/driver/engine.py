@@ -36,6 +36,7 @@ from ..ps.server import ParameterServer
 from ..ps.state import ServerState
 from ..worker.ps_task import PSSettings, PSTrainTask
 from ..worker.tasks import EvaluateTask, StepSettings, TrainEpochTask
+from .executors import locate
 from .monitor import FitMonitor
 from .session import SharedRefs
 from .sparse import find_tables
@@ -67,6 +68,12 @@ class FitStats:
     frequency: str | int = "epoch"
     server: dict[str, Any] | None = None
     reports: int = 0  # live progress reports received from workers
+    master: str | None = None  # the Spark master the fit ran on
+    environment: list[dict[str, Any]] | None = None  # the executor environment check's reports (preflight)
+
+    def executor_ids(self) -> list[str]:
+        """The executors that ran this fit's training tasks (``"driver"`` in local mode)."""
+        return sorted({str(i.get("executor_id")) for e in self.epochs for i in e.partitions.values()})
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +83,9 @@ class FitStats:
             "frequency": self.frequency,
             "server": self.server,
             "reports": self.reports,
+            "master": self.master,
+            "executor_ids": self.executor_ids(),
+            "environment": self.environment,
             "epochs": [
                 {
                     "epoch": e.epoch,
@@ -127,6 +137,7 @@ def run_epoch(
         partial: Partial = monitor.run(epoch, lambda: launch(task, f"sparkdl_train fit: epoch {epoch + 1}/{epochs}"))
     finally:
         train.unshare(state)
+    locate(train.spark_context(), partial.partitions)
     n_parts = train.num_partitions()
     empty = sorted(set(range(n_parts)) - {p for p, i in partial.partitions.items() if i.get("samples", 0) > 0})
     if partial.samples == 0:

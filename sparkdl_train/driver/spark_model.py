@@ -7,7 +7,7 @@ import logging
 from typing import Any, Sequence
 
 from ..config import EngineConfig, FitConfig
-from ..data.adapters import ArrayAdapter, DataAdapter
+from ..data.adapters import DataAdapter
 from ..data.output import output_columns
 from ..errors import ConfigError, DataError
 from ..model_io import ModelPayload, check_compiled, serialize_model
@@ -205,6 +205,7 @@ class SparkModel:
         payload = self._payload()
         train = self._adapter(data, labelled=True, what="data")
         engine = self._conf(train)
+        environment = self._preflight(train, engine)
         val = None
         if validation_data is not None:
             val = self._adapter(validation_data, labelled=True, what="validation_data")
@@ -245,7 +246,8 @@ class SparkModel:
             nan_policy=engine.nan_policy,
         )
         eval_settings = StepSettings(batch_size=fit_cfg.batch_size, threads=settings.threads, nan_policy=engine.nan_policy)
-        self.stats = FitStats(num_workers=workers, worker_threads=settings.threads, mode=engine.mode, frequency=engine.frequency)
+        self.stats = FitStats(num_workers=workers, worker_threads=settings.threads, mode=engine.mode, frequency=engine.frequency,
+                              master=sc.master if sc is not None else None, environment=environment)
         checkpointer = None
         if checkpoint_dir is not None:
             from .checkpoint import Checkpointer
@@ -261,7 +263,7 @@ class SparkModel:
             callbacks, add_history=True, add_progbar=False, model=model,
             verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None,
         )
-        progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, workers)
+        progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, workers, log_interval=engine.log_interval)
         monitor = FitMonitor(
             sc, model, cb, progress, workers, driver_host(engine, sc), engine.report_interval,
             live=fit_cfg.verbose == 1 or bool(callbacks),
@@ -335,8 +337,9 @@ class SparkModel:
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         payload = self._payload()
         adapter = self._adapter(data, labelled=True, what="data")
-        self._check_sample(adapter, "data")
         conf = self._conf(adapter)
+        self._preflight(adapter, conf)
+        self._check_sample(adapter, "data")
         settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf), nan_policy=conf.nan_policy)
         refs = SharedRefs(payload)
         try:
@@ -400,6 +403,17 @@ class SparkModel:
         return EngineConfig.from_spark_conf(conf, **self._overrides)
 
     @staticmethod
+    def _preflight(adapter: DataAdapter, engine: EngineConfig) -> list[dict[str, Any]] | None:
+        """Once per Spark application: the executors can import this sparkdl_train, keras and
+        tensorflow (:mod:`sparkdl_train.driver.preflight`), before any job runs our code there."""
+        sc = _spark_context(adapter)
+        if sc is None or not engine.preflight:
+            return None
+        from .preflight import check_executors
+
+        return check_executors(sc, timeout=engine.preflight_timeout)
+
+    @staticmethod
     def _default_workers(adapter: DataAdapter) -> int:
         sc = _spark_context(adapter)
         return sc.defaultParallelism if sc is not None else adapter.num_partitions()
@@ -447,12 +461,6 @@ def _check_callbacks(callbacks: Sequence[Any] | None) -> None:
 
 
 def _spark_context(adapter: DataAdapter | None) -> Any:
-    if adapter is None or isinstance(adapter, ArrayAdapter):
-        return None
-    rdd = getattr(adapter, "rdd", None)
-    if rdd is not None:
-        return rdd.context
-    df = getattr(adapter, "df", None)
-    return df.sparkSession.sparkContext if df is not None else None
+    return adapter.spark_context() if adapter is not None else None
 
 

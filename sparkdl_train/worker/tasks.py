@@ -68,16 +68,21 @@ def peak_rss_mb() -> float:
     return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)  # bytes on macOS, KiB on Linux
 
 
-def _attempt() -> int:
+def task_identity() -> dict[str, Any]:
+    """Which Spark task this is: its attempt number (> 0: Spark retried the partition), its stage
+    and its application-wide task id, by which the driver finds the executor that ran it
+    (:mod:`sparkdl_train.driver.executors`). Empty values outside Spark."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    return ctx.attemptNumber() if ctx is not None else 0
+    if ctx is None:
+        return {"attempt": 0, "stage": None, "task": None}
+    return {"attempt": ctx.attemptNumber(), "stage": ctx.stageId(), "task": ctx.taskAttemptId()}
 
 
 def _info(samples: int, steps: int, start: float) -> dict[str, Any]:
     return {
-        "attempt": _attempt(),  # > 0: Spark retried this partition's task
+        **task_identity(),
         "samples": samples,
         "batches": steps,
         "seconds": round(time.perf_counter() - start, 4),

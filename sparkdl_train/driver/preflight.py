@@ -1,0 +1,208 @@
+"""Preflight: can the executors run sparkdl_train at all?
+
+A cluster whose executors run a Python without sparkdl_train (or with another version of it, or
+of Keras) fails deep inside the first training stage with a ``ModuleNotFoundError`` wrapped in a
+Py4J trace, or worse, trains with mismatched code. Before a fit's first stage,
+:func:`check_executors` runs one tiny job, one task per default-parallelism slot: each task
+imports sparkdl_train, keras and tensorflow and reports what it found (versions, module files,
+its interpreter). The probe function is shipped *by value* (it is compiled into a module that
+exists only on the driver), so it runs even where sparkdl_train cannot be imported. The result
+is compared with the driver's (:func:`problems`, pure) and a missing or mismatched environment
+fails in seconds with a :class:`~sparkdl_train.errors.ConfigError` naming the executor, what it
+found, and the fix. A success is cached per SparkContext (its application id), so the check
+costs one job per application; its tasks also import TensorFlow into Python workers that Spark
+then reuses for training.
+
+``spark.sparkdl_train.preflight=false`` skips it; ``spark.sparkdl_train.preflight.timeout``
+(seconds, default 300) bounds the wait for executors, e.g. while they unpack a large archive.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from typing import Any
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MODULES = ("sparkdl_train", "keras", "tensorflow")
+FIX = (
+    "Ship the driver's environment to the executors: build it with `./run pack` (sparkdl_env.tar.gz, a regular "
+    "install of sparkdl_train and its dependencies) and submit with --archives sparkdl_env.tar.gz#environment "
+    "--conf spark.pyspark.python=./environment/bin/python (README, 'Clusters'), or install the same sparkdl_train "
+    "and Keras versions into the executors' Python. spark.sparkdl_train.preflight=false skips this check."
+)
+
+# Compiled into a module of its own that exists only on the driver, so cloudpickle ships the
+# function by value: it needs nothing but the standard library (and pyspark) on the executor.
+_PROBE_SOURCE = '''
+def probe(index, _rows):
+    import importlib, json, os, socket, sys
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+    except Exception:
+        ctx = None
+    out = {
+        "partition": index, "host": socket.gethostname(), "pid": os.getpid(), "cwd": os.getcwd(),
+        "python": sys.executable, "python_version": "%d.%d.%d" % tuple(sys.version_info[:3]),
+        "stage": ctx.stageId() if ctx else None, "task": ctx.taskAttemptId() if ctx else None,
+        "modules": {},
+    }
+    for name in MODULES:
+        try:
+            mod = importlib.import_module(name)
+            out["modules"][name] = {"version": str(getattr(mod, "__version__", "")), "file": getattr(mod, "__file__", None)}
+        except BaseException as exc:
+            out["modules"][name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    yield json.dumps(out)
+'''
+
+_checked: dict[str, list[dict[str, Any]]] = {}
+_lock = threading.Lock()
+
+
+def _probe_function() -> Any:
+    namespace: dict[str, Any] = {"__name__": "sparkdl_train_executor_probe", "MODULES": MODULES}
+    exec(compile(_PROBE_SOURCE, "<sparkdl_train executor probe>", "exec"), namespace)  # noqa: S102 - our own source
+    return namespace["probe"]
+
+
+def driver_versions() -> dict[str, str]:
+    import keras
+
+    from .. import __version__
+
+    return {"sparkdl_train": __version__, "keras": keras.__version__}
+
+
+def _minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def problems(driver: dict[str, str], report: dict[str, Any]) -> list[str]:
+    """What stops one executor's environment from running the driver's sparkdl_train (pure)."""
+    mods = report.get("modules", {})
+    out = []
+    for name in MODULES:
+        got = mods.get(name) or {"error": "not reported"}
+        if "error" in got:
+            out.append(f"cannot import {name} ({got['error']})")
+    sdt = mods.get("sparkdl_train", {})
+    if "version" in sdt and sdt["version"] != driver["sparkdl_train"]:
+        out.append(f"sparkdl_train {sdt['version']} from {sdt.get('file')}, but the driver runs {driver['sparkdl_train']}")
+    ks = mods.get("keras", {})
+    if "version" in ks and _minor(ks["version"]) != _minor(driver["keras"]):
+        out.append(f"keras {ks['version']}, but the driver runs keras {driver['keras']} (major.minor must match)")
+    return out
+
+
+def describe(report: dict[str, Any]) -> str:
+    executor = report.get("executor_id") or "?"
+    return (f"executor {executor} (host {report.get('host')}, pid {report.get('pid')}, "
+            f"python {report.get('python')} {report.get('python_version')})")
+
+
+def check_executors(sc: Any, timeout: float | None = None, force: bool = False) -> list[dict[str, Any]]:
+    """Run the environment check on ``sc``'s executors (once per application unless ``force``);
+    returns one report per probe task, each with the ``executor_id`` that ran it. Raises
+    :class:`ConfigError` when an executor cannot run the driver's sparkdl_train.
+
+    With ``timeout=None`` the ``spark.sparkdl_train.preflight*`` keys decide (``preflight=false``:
+    nothing is checked and ``[]`` is returned)."""
+    from .executors import executor_ids
+
+    if timeout is None:
+        from ..config import EngineConfig
+
+        cfg = EngineConfig.from_spark_conf(dict(sc.getConf().getAll()))
+        if not cfg.preflight:
+            return []
+        timeout = cfg.preflight_timeout
+    key = sc.applicationId
+    with _lock:
+        if key in _checked and not force:
+            return _checked[key]
+    n = max(1, int(sc.defaultParallelism))
+    rdd = sc.parallelize(range(n), n).mapPartitionsWithIndex(_probe_function())
+    tag = f"sparkdl_train-preflight-{uuid.uuid4().hex[:8]}"
+    rows = _collect_with_timeout(sc, rdd, tag, timeout)
+    reports = [json.loads(r) for r in rows]
+    found = executor_ids(sc, ((r.get("stage"), r.get("task")) for r in reports))
+    for r in reports:
+        r["executor_id"] = found.get(r["task"]) if r.get("task") is not None else None
+    driver = driver_versions()
+    bad = [(r, p) for r in reports for p in [problems(driver, r)] if p]
+    if bad:
+        seen: set[tuple] = set()
+        lines = []
+        for r, p in bad:
+            k = (r.get("executor_id"), r.get("host"), r.get("python"), tuple(p))
+            if k not in seen:
+                seen.add(k)
+                lines.append(f"  {describe(r)}: " + "; ".join(p))
+        raise ConfigError(
+            f"the executors' Python environment cannot run this driver's sparkdl_train {driver['sparkdl_train']} "
+            f"(keras {driver['keras']}):\n" + "\n".join(lines) + "\n" + FIX
+        )
+    with _lock:
+        _checked[key] = reports
+    log.info("preflight: %d executor task(s) on %s import sparkdl_train %s", len(reports),
+             sorted({str(r.get("executor_id")) for r in reports}), driver["sparkdl_train"])
+    return reports
+
+
+def forget(sc: Any) -> None:
+    """Drop the cached result for ``sc`` (the next fit checks again)."""
+    with _lock:
+        _checked.pop(sc.applicationId, None)
+
+
+def cached(sc: Any) -> list[dict[str, Any]] | None:
+    with _lock:
+        return _checked.get(sc.applicationId)
+
+
+def _collect_with_timeout(sc: Any, rdd: Any, tag: str, timeout: float) -> list[str]:
+    """``rdd.collect()`` on a helper thread, cancelled after ``timeout`` seconds (executors that never
+    start, or a cluster with no free slots, must not hang the fit)."""
+    from pyspark import InheritableThread
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        sc.addJobTag(tag)
+        old = sc.getLocalProperty("spark.job.description")
+        sc.setLocalProperty("spark.job.description", "sparkdl_train: executor environment check")
+        try:
+            box["rows"] = rdd.collect()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+        finally:
+            sc.setLocalProperty("spark.job.description", old)
+            sc.removeJobTag(tag)
+
+    t = InheritableThread(run, name="sparkdl_train-preflight", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        sc.cancelJobsWithTag(tag)
+        t.join(30)
+        raise ConfigError(
+            f"no executor ran sparkdl_train's environment check within {timeout:g} s: are executors starting and "
+            "is there a free task slot? (spark.sparkdl_train.preflight.timeout sets this wait)\n" + FIX
+        )
+    if "error" in box:
+        exc = box["error"]
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise ConfigError(
+            f"the executors could not run sparkdl_train's environment check (their Python did not start or "
+            f"crashed): {type(exc).__name__}: {first[:500]}\n{FIX}"
+        ) from exc
+    return box["rows"]

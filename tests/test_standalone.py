@@ -1,0 +1,66 @@
+"""The flagship job on a real Spark standalone cluster (Master + two Workers, tests/standalone.py),
+submitted with `spark-submit --master spark://...` and the executors' environment shipped as the
+README says: `./run pack` -> `--archives sparkdl_env.tar.gz#environment`. The Workers cannot
+import this checkout, so every assertion about module paths is about the shipped archive."""
+
+import os
+import subprocess
+
+import pytest
+from conftest import assert_ran_on_executors, spark_submit
+
+pytestmark = pytest.mark.slow
+
+ROWS = 100_000
+
+
+def test_archive_is_a_regular_install_without_test_extras(env_archive):
+    import tarfile
+
+    size_mb = os.path.getsize(env_archive) / 2**20
+    with tarfile.open(env_archive) as tf:
+        names = tf.getnames()
+    site = [n for n in names if "/site-packages/" in n]
+    tops = {n.split("/site-packages/")[1].split("/")[0] for n in site}
+    assert "sparkdl_train" in tops and "keras" in tops and "tensorflow" in tops, sorted(tops)[:50]
+    assert not [t for t in tops if t.startswith("__editable__")], "an editable finder instead of the package"
+    for extra in ("pytest", "sklearn", "nbclient", "matplotlib", "tensorboard", "venv_pack"):
+        assert extra not in tops, f"{extra} (test-only) is in the archive"
+    assert not [n for n in site if "/pyspark/jars/" in n]  # the cluster brings Spark's own jars
+    assert "bin/python" in names
+    print(f"sparkdl_env.tar.gz: {size_mb:.0f} MiB, {len(names)} files")  # shown with -rP / in the README
+    assert size_mb < 1024, f"{size_mb:.0f} MiB"
+
+
+def test_the_workers_python_cannot_import_the_checkout(standalone_cluster):
+    """The interpreter the archive links to has no sparkdl_train of its own: only the archive provides it."""
+    import sys
+
+    base = getattr(sys, "_base_executable", sys.executable)
+    proc = subprocess.run([base, "-c", "import sparkdl_train"], cwd=standalone_cluster.root,
+                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert proc.returncode != 0 and "No module named 'sparkdl_train'" in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["asynchronous", "allreduce"])
+def test_flagship_job_on_the_standalone_cluster(standalone_cluster, env_archive, tmp_path, mode):
+    args = ["--rows", str(ROWS), "--workers", "2", "--mode", mode, "--epochs", "2"]
+    conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g",
+            "spark.sql.execution.arrow.maxRecordsPerBatch=8192"]
+    out, s = spark_submit(standalone_cluster.url, args, tmp_path, conf=conf, archives=env_archive)
+    assert s["master"] == standalone_cluster.url, (s["master"], standalone_cluster.url)
+    assert_ran_on_executors(s["executor_ids"], s["worker_pids"], s["driver_pid"])
+    # the executors ran sparkdl_train from the unpacked archive under a Worker's work dir, never the checkout
+    env = s["executor_environment"]
+    assert {e[0] for e in env} >= set(s["executor_ids"]), env
+    for executor, python, module in env:
+        assert python.endswith("/environment/bin/python") and python.startswith(standalone_cluster.work_dir), python
+        assert module.startswith(standalone_cluster.work_dir) and "/environment/lib/" in module, module
+        assert not module.startswith(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), module
+    assert s["mode"] == mode and s["workers"] == 2 and s["train_rows"] + s["test_rows"] == ROWS
+    assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, (s["test_auc"], s["bayes_auc"])
+    if mode == "allreduce":
+        assert s["communication"]["engine"] == "allreduce"
+    else:
+        assert s["communication"]["engine"] == "parameter_server" and s["communication"]["pushes"] > 0
+    assert "\r" not in out  # one progress line per interval under spark-submit, no bar redraws
