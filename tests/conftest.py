@@ -28,13 +28,15 @@ def run_check_script(script, master="local-cluster[2,1,2048]", timeout=900):
 
 
 def spark_submit(master, args, out, conf=(), archives=None, timeout=1200):
-    """``spark-submit --master MASTER jobs/train_ctr.py ARGS --output OUT``; returns (stdout, summary.json).
+    """``spark-submit [--master MASTER] jobs/train_ctr.py ARGS --output OUT``; returns (output, summary.json).
 
     With ``archives`` the executors run ``./environment/bin/python`` from that archive, as on a real
     cluster; otherwise this venv's Python (PYSPARK_PYTHON)."""
     spark_submit_bin = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    cmd = [spark_submit_bin, "--master", master, "--conf", "spark.ui.showConsoleProgress=false"]
+    cmd = [spark_submit_bin, "--conf", "spark.ui.showConsoleProgress=false"]
+    if master is not None:  # None: no --master at all, as `./run job` submits
+        cmd[1:1] = ["--master", master]
     if archives:
         env.pop("PYSPARK_PYTHON")
         cmd += ["--archives", f"{archives}#environment", "--conf", "spark.pyspark.python=./environment/bin/python",
