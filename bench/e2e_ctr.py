@@ -361,7 +361,8 @@ def main(argv: list[str]) -> None:
         reached &= tt is not None
         lines.append(
             f"| {r['name']} | {r['workers']} | {r['samples_per_second']:,.0f} | {r['samples_per_second'] / ref['samples_per_second']:.2f} "
-            f"| {fmt(r['startup_seconds'], '.1f')} | {fmt(tt, '.1f')} | {fmt(ref_time / tt if tt else None, '.2f')} | {r['test_auc']:.4f} | {r['test_logloss']:.4f} "
+            f"| {fmt(r['startup_seconds'], '.1f')} | {fmt(tt, '.1f')} | {fmt(ref_time / tt if tt else None, '.2f')} "
+            f"| {r['test_auc']:.4f} | {r['test_logloss']:.4f} "
             f"| {r['bytes_per_sample']:,.0f} | {fmt(r['driver_peak_rss_mb'], ',.0f')} | {fmt(r['executor_peak_rss_mb'], ',.0f')} |"
         )
     one = next((r for r in results if r["name"] == "sdt-1w"), None)

@@ -11,9 +11,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from conftest import make_mlp  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
-from conftest import make_mlp  # noqa: E402
 from sparkdl_train import SparkModel, to_simple_rdd  # noqa: E402
 
 

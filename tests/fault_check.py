@@ -134,10 +134,9 @@ def run_case(spark, name, make_sm, x, y, xt, yt, base):
 def main(master: str) -> None:
     import tempfile
 
+    import numpy as np
     from pyspark.sql import SparkSession
     from sklearn.datasets import load_digits
-
-    import numpy as np
 
     from sparkdl_train import SparkModel
 

@@ -8,8 +8,8 @@ import os
 import keras
 import numpy as np
 import pytest
-
 from conftest import make_mlp
+
 from sparkdl_train import ConfigError, SparkModel, to_simple_rdd
 
 ENGINES = [("synchronous", None), ("asynchronous", 2), ("allreduce", None)]

@@ -3,7 +3,6 @@ import os
 import keras
 import numpy as np
 import pytest
-
 from conftest import assert_ran_on_executors, spark_submit
 
 from sparkdl_train.datasets import ctr

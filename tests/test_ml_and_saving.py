@@ -6,8 +6,8 @@ import os
 import keras
 import numpy as np
 import pytest
-
 from conftest import make_mlp
+
 from sparkdl_train import ConfigError, ModelError, SparkModel, load_spark_model, to_simple_rdd
 from sparkdl_train.ml import KerasEstimator, KerasModel
 
@@ -19,7 +19,7 @@ def pixel_frames(spark, digits):
     cols = [f"p{i}" for i in range(64)]
 
     def frame(a, b):
-        rows = [(*map(float, r), float(l)) for r, l in zip(a, b)]
+        rows = [(*map(float, r), float(label)) for r, label in zip(a, b)]
         return spark.createDataFrame(rows, cols + ["label"]).repartition(2).cache()
 
     return frame(x, y), frame(xt, yt), cols

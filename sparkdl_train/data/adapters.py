@@ -110,7 +110,8 @@ def _spark_job(sc: Any, description: str) -> Iterator[None]:
             raise FitCancelled(f"{description} was cancelled: {cancelled.group(0)}") from None
         m = _TASK_RE.search(text)
         rank = int(m.group(1)) if m else -1
-        last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip().startswith(("sparkdl_train.", "ValueError", "TypeError", "RuntimeError"))), None)
+        causes = ("sparkdl_train.", "ValueError", "TypeError", "RuntimeError")
+        last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip().startswith(causes)), None)
         summary = f"{description} failed on an executor"
         if last:
             summary += f": {last}"

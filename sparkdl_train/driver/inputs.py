@@ -38,5 +38,8 @@ def make_adapter(
         return arrays
     if isinstance(data, (np.ndarray, list, dict)) and not labelled:
         return ArrayAdapter(data, chunk_rows=chunk_rows)
-    expected = "a DataFrame, an RDD of (x, y) rows or a tuple (x, y[, sample_weight]) of arrays" if labelled else "a DataFrame, an RDD of feature rows or an array"
+    if labelled:
+        expected = "a DataFrame, an RDD of (x, y) rows or a tuple (x, y[, sample_weight]) of arrays"
+    else:
+        expected = "a DataFrame, an RDD of feature rows or an array"
     raise DataError(f"{what} must be {expected}; got {type(data).__module__}.{type(data).__name__}")

@@ -30,9 +30,9 @@ import numpy as np
 
 from ..allreduce import ring
 from ..allreduce.transport import Group, PeerAborted, rendezvous
-from ..data.prefetch import prefetch
 from ..data.batching import Batch, num_rows, rebatch
 from ..data.finite import Screen
+from ..data.prefetch import prefetch
 from ..errors import SparkDLError
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state

@@ -12,9 +12,9 @@ from typing import Iterable
 
 import numpy as np
 
-from ..data.prefetch import prefetch
 from ..data.batching import Batch, rebatch
 from ..data.finite import Screen
+from ..data.prefetch import prefetch
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state
 from ..ps.client import PSClient
@@ -22,7 +22,6 @@ from .report import Reporter, ReportSettings
 from .sparse import Lookahead, SparseTable, TableSync
 from .steps import run_steps
 from .tasks import Ref, StepSettings, _info, _model, on_task_device
-
 
 MAX_LOOKAHEAD = 256  # batches read ahead to know which table rows a window needs
 

@@ -17,9 +17,9 @@ from typing import Any, Iterable, Protocol
 import numpy as np
 
 from .. import wire
-from ..data.prefetch import prefetch
 from ..data.batching import Batch, rebatch
 from ..data.finite import Screen
+from ..data.prefetch import prefetch
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
 from . import gpu, runtime
