@@ -7,14 +7,13 @@ import sys
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from conftest import make_mlp  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
+import numpy as np
+import pandas as pd
+from helpers import make_mlp
+from pyspark.sql import SparkSession
 
-from sparkdl_train import SparkModel, to_simple_rdd  # noqa: E402
+from sparkdl_train import SparkModel, to_simple_rdd
 
 
 def main(master: str) -> None:

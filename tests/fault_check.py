@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 EPOCHS = 3
@@ -91,7 +90,7 @@ def port_closed(address) -> bool:
 
 
 def run_case(spark, name, make_sm, x, y, xt, yt, base):
-    from tests.conftest import make_mlp
+    from helpers import make_mlp
 
     workdir = os.path.join(base, name)
     os.makedirs(workdir)

@@ -8,7 +8,6 @@ import stat
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 SCRIPT = """#!/bin/sh
@@ -22,11 +21,11 @@ fi
 
 
 def main(master: str) -> None:
+    from helpers import make_mlp
     from pyspark.sql import SparkSession
     from sklearn.datasets import load_digits
 
     from sparkdl_train import SparkModel
-    from tests.conftest import make_mlp
 
     tmp = tempfile.mkdtemp()
     script = os.path.join(tmp, "discover_gpus.sh")

@@ -1,16 +1,13 @@
 """mode='allreduce' end to end on local[2]: barrier stages, identical ranks, accuracy, failures."""
 
-import sys
 import time
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import failing_rdd, make_mlp
 
 from sparkdl_train import ConfigError, SparkModel, WorkerError, to_simple_rdd
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from conftest import failing_rdd, make_mlp  # noqa: E402
 
 EPOCHS = 12
 

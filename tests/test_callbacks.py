@@ -8,7 +8,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import make_mlp
+from helpers import make_mlp
 
 from sparkdl_train import ConfigError, SparkModel, to_simple_rdd
 

@@ -3,7 +3,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import assert_ran_on_executors, spark_submit
+from helpers import assert_ran_on_executors, spark_submit
 
 from sparkdl_train.datasets import ctr
 from sparkdl_train.models.ctr import Vocabulary, build_vocabulary, ctr_features, deepfm, wide_and_deep

@@ -2,7 +2,7 @@
 every engine (tests/fault_check.py does the killing in a separate driver process)."""
 
 import pytest
-from conftest import assert_ran_on_executors, run_check_script
+from helpers import assert_ran_on_executors, run_check_script
 
 pytestmark = pytest.mark.slow
 

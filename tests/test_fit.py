@@ -1,17 +1,14 @@
 """End-to-end behaviour on a real multi-process Spark (local[2]): numbers, not 'it ran'."""
 
-import sys
 
 import keras
+import models
 import numpy as np
 import pytest
+from helpers import make_mlp
 
 from sparkdl_train import DataError, SparkModel, WorkerError, to_simple_rdd
 from sparkdl_train.data.adapters import ArrayAdapter
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import models  # noqa: E402
-from conftest import make_mlp  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,11 +1,8 @@
 """The split train step: weighted fused gradients of shards sum to the full batch's gradient."""
 
-import sys
 
 import numpy as np
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from conftest import make_mlp  # noqa: E402
+from helpers import make_mlp
 
 
 def test_shard_gradients_average_to_the_full_batch_gradient(digits):

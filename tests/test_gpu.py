@@ -1,7 +1,7 @@
 """GPU placement: Spark's task GPU addresses -> CUDA ordinals -> the task's TensorFlow device."""
 
 import pytest
-from conftest import assert_ran_on_executors, run_check_script
+from helpers import assert_ran_on_executors, run_check_script
 
 from sparkdl_train.errors import ConfigError
 from sparkdl_train.worker import gpu

@@ -1,7 +1,7 @@
 """SparkModel on local-cluster[2,1,2048]: two executor JVMs, each with its own Python workers."""
 
 import pytest
-from conftest import assert_ran_on_executors, run_check_script
+from helpers import assert_ran_on_executors, run_check_script
 
 pytestmark = pytest.mark.slow
 

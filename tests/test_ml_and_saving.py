@@ -6,7 +6,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import make_mlp
+from helpers import make_mlp
 
 from sparkdl_train import ConfigError, ModelError, SparkModel, load_spark_model, to_simple_rdd
 from sparkdl_train.ml import KerasEstimator, KerasModel

@@ -1,14 +1,11 @@
-import sys
 
 import keras
+import models
 import numpy as np
 import pytest
 
 from sparkdl_train import ModelError, SparkModel
 from sparkdl_train.model_io import get_state, load_archive, serialize_model
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import models  # noqa: E402
 
 
 def _same(model, clone, x):

@@ -5,7 +5,7 @@ import sys
 import time
 
 import pytest
-from conftest import make_mlp
+from helpers import make_mlp
 
 from sparkdl_train import ConfigError, SparkModel, to_simple_rdd
 from sparkdl_train.driver import preflight

@@ -7,7 +7,7 @@ import time
 import keras
 import numpy as np
 import pytest
-from conftest import make_mlp
+from helpers import make_mlp
 
 from sparkdl_train import SparkModel, to_simple_rdd
 from sparkdl_train.driver.reports import EpochTally, Report, ReportServer, parse_report

@@ -1,16 +1,13 @@
 """Parameter-server engine end to end on local[2]: every mode x frequency learns, stats, cleanup, failures."""
 
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+from helpers import failing_rdd, make_mlp
 
 from sparkdl_train import ConfigError, SparkModel, WorkerError, to_simple_rdd
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from conftest import failing_rdd, make_mlp  # noqa: E402
 
 EPOCHS = 12
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import assert_ran_on_executors, spark_submit
+from helpers import assert_ran_on_executors, spark_submit
 
 pytestmark = pytest.mark.slow
 

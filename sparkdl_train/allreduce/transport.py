@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import select
 import socket
 import struct
@@ -335,7 +334,7 @@ def rendezvous(group: Group, host: str, secret: bytes, timeout: float, connect_t
     listener = listen(host)
     try:
         port = listener.getsockname()[1]
-        token = os.urandom(16).hex()
+        token = auth.new_nonce().hex()
         raw = group.all_gather(json.dumps({"host": host, "port": port, "token": token}))
         peers = _parse_peers(raw, size)
         session = hashlib.sha256("|".join(p.token for p in peers).encode()).digest()

@@ -9,13 +9,14 @@ runs on the driver during the epoch: gradients never pass through it.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from typing import Any
 
+from .. import _compat
 from ..config import EngineConfig
 from ..errors import ConfigError, SparkDLError, WorkerError
 from ..model_io import metrics_result, set_metric_state, set_state
+from ..ps.protocol import new_secret
 from ..worker.allreduce_task import AllreduceTrainTask, RingSettings
 from ..worker.tasks import StepSettings
 from .engine import run_epoch
@@ -69,7 +70,7 @@ def check_concurrent_slots(sc: Any, ranks: int, wait: float, need: str) -> int:
 def check_learning_rate(model: Any, config: EngineConfig) -> None:
     if config.lr_scaling == "none":
         return
-    lr = getattr(model.optimizer, "_learning_rate", None)
+    lr = _compat.raw_learning_rate(model.optimizer)
     if lr is not None and callable(lr) and not hasattr(lr, "assign"):
         raise ConfigError(
             f"lr_scaling={config.lr_scaling!r} needs a constant learning rate; the optimizer uses a "
@@ -102,7 +103,7 @@ class AllreduceEngine:
         check_learning_rate(model, config)
         self.config = config
         self.workers = workers
-        self.secret = secrets.token_bytes(32)  # per fit; proves ring peers belong to it
+        self.secret = new_secret()  # per fit; proves ring peers belong to it
         self.totals = {"steps": 0, "bytes_sent": 0, "bytes_received": 0, "comm_seconds": 0.0, "epoch_retries": 0}
 
     def __enter__(self) -> "AllreduceEngine":

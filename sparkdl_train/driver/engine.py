@@ -20,7 +20,6 @@ drags the average towards the starting point.
 from __future__ import annotations
 
 import logging
-import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from ..data.adapters import DataAdapter
 from ..errors import DataError
 from ..merge import Partial
 from ..model_io import metrics_result, set_metric_state, set_optimizer_state, set_state
-from ..ps.protocol import dense_exchange_bytes
+from ..ps.protocol import dense_exchange_bytes, new_secret
 from ..ps.server import ParameterServer
 from ..ps.state import ServerState
 from ..worker.ps_task import PSSettings, PSTrainTask
@@ -191,7 +190,7 @@ class ParameterServerEngine:
     def __init__(self, config: EngineConfig, model: Any, host: str, workers: int):
         self.config = config
         self.workers = workers
-        self.secret = secrets.token_bytes(32)
+        self.secret = new_secret()
         self.tables = find_tables(model) if config.sparse_embeddings is not False else ()
         if config.sparse_embeddings and not self.tables:
             log.warning("sparse_embeddings=True, but no embedding table reads its ids from a model input: all weights travel whole")

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import logging
 import queue
-import secrets
 import threading
 import time
 import uuid
 from typing import Any, Callable, TypeVar
 
 from ..errors import FitCancelled
+from ..ps.protocol import new_secret
 from ..worker.report import ReportSettings
 from .progress import FitProgress
 from .reports import EpochTally, ReportServer
@@ -73,7 +73,7 @@ class FitMonitor:
         self.job_group: str | None = None
         self._saved: dict[str, str | None] = {}
         self._server: ReportServer | None = None
-        self._secret = secrets.token_bytes(32)
+        self._secret = new_secret()
         self.stop_requested = False
         self.reports_received = 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .. import _compat
 from ..worker.sparse import SparseTable
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ def find_tables(model: Any) -> tuple[SparseTable, ...]:
         inputs = list(model.inputs)
     except (AttributeError, ValueError):
         return ()  # subclassed model: no graph to inspect
-    struct = getattr(model, "_inputs_struct", None)
+    struct = _compat.inputs_struct(model)
     keys = {id(v): k for k, v in struct.items()} if isinstance(struct, dict) else {}
     position = {id(t): p for p, t in enumerate(inputs)}
     index = {id(w): i for i, w in enumerate(model.weights)}
@@ -32,7 +33,7 @@ def find_tables(model: Any) -> tuple[SparseTable, ...]:
         if not isinstance(layer, keras.layers.Embedding) or not layer.trainable:
             continue
         why = None
-        nodes = getattr(layer, "_inbound_nodes", [])
+        nodes = _compat.inbound_nodes(layer)
         if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
             why = "it is quantized or LoRA-enabled"
         elif len(nodes) != 1 or len(nodes[0].input_tensors) != 1:

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import _compat
+
 
 def _first_input(x: Any) -> Any:
     import keras
@@ -50,11 +52,10 @@ class FusedStep:
 
         model = self.model
         with tf.GradientTape() as tape:
-            y_pred = model(x, training=True) if getattr(model, "_call_has_training_arg", True) else model(x)
-            compute = getattr(model, "_compute_loss", None) or model.compute_loss
-            loss = compute(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            y_pred = model(x, training=True) if _compat.call_takes_training(model) else model(x)
+            loss = _compat.compute_loss(model)(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
             rows = tf.shape(_first_input(x))[0]
-            tracker = getattr(model, "_loss_tracker", None)
+            tracker = _compat.loss_tracker(model)
             if tracker is not None:
                 tracker.update_state(loss, sample_weight=rows)
             scaled = model.optimizer.scale_loss(loss)

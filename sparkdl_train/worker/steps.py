@@ -12,13 +12,12 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .. import _compat
 from ..data.batching import Batch, num_rows
 
 
 def _build(model: Any, batch: Batch) -> None:
-    build = getattr(model, "_maybe_symbolic_build", None) or getattr(model, "_symbolic_build", None)
-    if build is not None:
-        build(data_batch=batch)
+    _compat.symbolic_build(model, batch)
 
 
 def run_steps(

@@ -1,0 +1,78 @@
+"""Every Keras private attribute sparkdl_train relies on, in one place.
+
+Keras 3 offers no public way to do a few things a distributed trainer needs: build a model's
+compiled metrics from a data batch, compute the loss exactly as ``train_step`` does (loss
+tracker included) in a split gradient step, map a functional model's input names, walk a layer's
+inbound nodes, or tell a learning-rate schedule from a constant. Each use goes through a helper
+here, with the public fallback where there is one; :func:`missing` lists the attributes a given
+Keras no longer has, and ``tests/test_compat.py`` fails naming them when an upgrade removes one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (owner, attribute, what sparkdl_train uses it for)
+PRIVATE = (
+    ("keras.Model", "_symbolic_build", "build compiled metrics and loss from a data batch before the first step"),
+    ("keras.Model", "_compute_loss", "the loss of a split (allreduce) gradient step, as train_step computes it"),
+    ("keras.Model", "_loss_tracker", "the running loss metric a split gradient step updates"),
+    ("keras.Model", "_call_has_training_arg", "whether call() takes training="),
+    ("functional keras.Model", "_inputs_struct", "input names of a functional model (sparse embedding tables)"),
+    ("keras.layers.Layer", "_inbound_nodes", "which model input feeds an embedding table"),
+    ("keras.optimizers.Optimizer", "_learning_rate", "a learning-rate schedule versus a constant (lr_scaling)"),
+)
+
+
+def symbolic_build(model: Any, batch: Any) -> None:
+    """Build the model's compiled loss and metrics for ``batch`` (what ``fit`` does before its first step)."""
+    build = getattr(model, "_maybe_symbolic_build", None) or getattr(model, "_symbolic_build", None)
+    if build is not None:
+        build(data_batch=batch)
+
+
+def compute_loss(model: Any) -> Any:
+    """The loss function ``train_step`` uses (``_compute_loss`` wraps ``compute_loss`` with loss scaling hooks)."""
+    return getattr(model, "_compute_loss", None) or model.compute_loss
+
+
+def loss_tracker(model: Any) -> Any:
+    return getattr(model, "_loss_tracker", None)
+
+
+def call_takes_training(model: Any) -> bool:
+    return getattr(model, "_call_has_training_arg", True)
+
+
+def inputs_struct(model: Any) -> Any:
+    return getattr(model, "_inputs_struct", None)
+
+
+def inbound_nodes(layer: Any) -> list:
+    return getattr(layer, "_inbound_nodes", [])
+
+
+def raw_learning_rate(optimizer: Any) -> Any:
+    """The optimizer's learning rate as given: a variable, or a schedule (callable)."""
+    return getattr(optimizer, "_learning_rate", None)
+
+
+def missing(model: Any) -> list[str]:
+    """The attributes of :data:`PRIVATE` that this Keras lacks, checked on a compiled functional
+    ``model`` that has an optimizer and at least one layer."""
+    owners = {
+        "keras.Model": model,
+        "functional keras.Model": model,
+        "keras.layers.Layer": model.layers[-1],
+        "keras.optimizers.Optimizer": model.optimizer,
+    }
+    out = []
+    for owner, attr, _ in PRIVATE:
+        obj = owners[owner]
+        if attr == "_symbolic_build":
+            present = hasattr(obj, "_symbolic_build") or hasattr(obj, "_maybe_symbolic_build")
+        else:
+            present = hasattr(obj, attr)
+        if not present:
+            out.append(f"{owner}.{attr}")
+    return out

@@ -1,0 +1,81 @@
+"""Test helpers shared by the test modules and the check scripts they start (tests/ is on
+``pythonpath``; a check script run as ``python tests/x_check.py`` finds this module beside it)."""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+REFERENCE_EPOCHS = 12
+
+
+def make_mlp(seed=0, inputs=64, classes=10, lr=0.003):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((inputs,), name="pixels"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(classes, activation="softmax"),
+        ]
+    )
+    model.compile(keras.optimizers.Adam(lr), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def failing_rdd(sc, x, y, at, message, partition=1):
+    """An RDD of (x, y) in two partitions whose `partition` raises RuntimeError(message) at row `at`."""
+    rows = list(zip(x, y))
+
+    def part(i):
+        for k, r in enumerate(rows[i::2]):
+            if i == partition and k == at:
+                raise RuntimeError(message)
+            yield r
+
+    return sc.parallelize(range(2), 2).flatMap(part)
+
+
+def run_check_script(script, master="local-cluster[2,1,2048]", timeout=900):
+    """Run ``tests/<script>`` in its own driver process on ``master``; returns its RESULT JSON."""
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.run([sys.executable, os.path.join(HERE, script), master],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def spark_submit(master, args, out, conf=(), archives=None, timeout=1200):
+    """``spark-submit [--master MASTER] jobs/train_ctr.py ARGS --output OUT``; returns (output, summary.json).
+
+    With ``archives`` the executors run ``./environment/bin/python`` from that archive, as on a real
+    cluster; otherwise this venv's Python (PYSPARK_PYTHON)."""
+    spark_submit_bin = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    cmd = [spark_submit_bin, "--conf", "spark.ui.showConsoleProgress=false"]
+    if master is not None:  # None: no --master at all, as `./run job` submits
+        cmd[1:1] = ["--master", master]
+    if archives:
+        env.pop("PYSPARK_PYTHON")
+        cmd += ["--archives", f"{archives}#environment", "--conf", "spark.pyspark.python=./environment/bin/python",
+                "--conf", f"spark.pyspark.driver.python={sys.executable}"]
+    for c in conf:
+        cmd += ["--conf", c]
+    cmd += [os.path.join(ROOT, "jobs", "train_ctr.py"), *args, "--output", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "test AUC" in proc.stdout and "Bayes-optimal" in proc.stdout
+    with open(os.path.join(str(out), "summary.json")) as f:
+        return proc.stdout + proc.stderr, json.load(f)
+
+
+def assert_ran_on_executors(executor_ids, worker_pids, driver_pid, expected=2):
+    """A cluster test is only one if its tasks ran outside the driver: Spark's executor ids for the
+    tasks are not "driver", there are as many as expected, and no Python worker is the driver process."""
+    assert "driver" not in executor_ids and "None" not in executor_ids, executor_ids
+    assert len(set(executor_ids)) == expected, executor_ids
+    assert worker_pids and driver_pid not in worker_pids, (worker_pids, driver_pid)

@@ -1,0 +1,64 @@
+"""Canaries for the Keras private attributes sparkdl_train uses (sparkdl_train/_compat.py): a Keras
+upgrade that removes or changes one fails here, naming the attribute, not deep inside a fit."""
+
+import keras
+import numpy as np
+
+from sparkdl_train import _compat
+
+
+def _model(lr=1e-3):
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    dense = keras.Input((2,), name="numeric")
+    emb = keras.layers.Embedding(50, 4, name="table")(ids)
+    x = keras.layers.Concatenate()([keras.layers.Flatten()(emb), dense])
+    out = keras.layers.Dense(1, activation="sigmoid")(x)
+    model = keras.Model({"ids": ids, "numeric": dense}, out)
+    model.compile(keras.optimizers.Adam(lr), "binary_crossentropy", metrics=["auc"])
+    return model
+
+
+def _batch(n=8):
+    rng = np.random.default_rng(0)
+    x = {"ids": rng.integers(0, 50, (n, 3)).astype("int32"), "numeric": rng.random((n, 2)).astype("float32")}
+    return x, (rng.random((n, 1)) > 0.5).astype("float32"), None
+
+
+def test_every_private_attribute_is_still_there():
+    gone = _compat.missing(_model())
+    assert gone == [], f"this Keras ({keras.__version__}) lacks {gone}: update sparkdl_train/_compat.py"
+
+
+def test_symbolic_build_builds_the_compiled_metrics():
+    model = _model()
+    _compat.symbolic_build(model, _batch())
+    assert model.metrics_variables, "compiled metrics were not built from the batch"
+
+
+def test_compute_loss_and_loss_tracker_match_train_step():
+    model = _model()
+    x, y, w = _batch()
+    _compat.symbolic_build(model, (x, y, w))
+    y_pred = model(x, training=False)
+    loss = _compat.compute_loss(model)(x=x, y=y, y_pred=y_pred, sample_weight=w, training=False)
+    expected = keras.losses.binary_crossentropy(y, y_pred)
+    np.testing.assert_allclose(float(loss), float(np.mean(expected)), rtol=1e-5)
+    assert isinstance(_compat.loss_tracker(model), keras.metrics.Mean)
+    assert _compat.call_takes_training(model) is True
+
+
+def test_inputs_struct_and_inbound_nodes_find_the_table_input():
+    model = _model()
+    struct = _compat.inputs_struct(model)
+    assert isinstance(struct, dict) and set(struct) == {"ids", "numeric"}
+    nodes = _compat.inbound_nodes(model.get_layer("table"))
+    assert len(nodes) == 1 and nodes[0].input_tensors[0] is struct["ids"]
+
+
+def test_raw_learning_rate_tells_a_schedule_from_a_constant():
+    const = _compat.raw_learning_rate(_model().optimizer)
+    assert not callable(const) or hasattr(const, "assign")
+    schedule = keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)
+    model = _model(lr=schedule)
+    lr = _compat.raw_learning_rate(model.optimizer)
+    assert callable(lr) and not hasattr(lr, "assign")
