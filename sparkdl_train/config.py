@@ -11,12 +11,18 @@ from typing import Any, Mapping
 
 from .errors import ConfigError
 
-MODES = ("synchronous", "asynchronous", "hogwild", "allreduce")
 FREQUENCIES = ("epoch", "batch")
 COMPRESSIONS = (None, "none", "fp16")
 LR_SCALINGS = ("none", "linear", "sqrt")
 NAN_POLICIES = ("fail", "skip", "ignore")
 CONF_PREFIX = "spark.sparkdl_train."
+
+
+def modes() -> tuple[str, ...]:
+    """The registered training modes (:mod:`sparkdl_train.driver.engines`)."""
+    from .driver.engines import modes as registered
+
+    return registered()
 
 
 def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
@@ -69,8 +75,8 @@ class EngineConfig:
     lr_scaling: str = "none"  # "linear" (x ranks) or "sqrt" applied on the executors
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        if self.mode not in modes():
+            raise ConfigError(f"unknown mode {self.mode!r}; expected one of {', '.join(modes())}")
         if self.frequency is None:
             object.__setattr__(self, "frequency", "batch" if self.mode == "allreduce" else "epoch")
         freq = self.frequency

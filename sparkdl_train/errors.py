@@ -27,14 +27,17 @@ class FitCancelled(SparkDLError):
 class WorkerError(SparkDLError):
     """One or more workers failed; carries the per-rank tracebacks.
 
-    ``failures`` maps a rank / partition id to the formatted traceback text.
+    ``failures`` maps a rank / partition id to the formatted traceback text; ``cause`` is the
+    typed cause (a :class:`sparkdl_train.failures.Cause` value such as ``"worker_lost"``, or
+    ``None`` when unknown), which retry decisions use instead of the text.
     """
 
-    def __init__(self, message: str, failures: dict[int, str] | None = None):
+    def __init__(self, message: str, failures: dict[int, str] | None = None, cause: str | None = None):
         self.failures = dict(failures or {})
+        self.cause = cause
         detail = "".join(f"\n--- worker {r} ---\n{tb.rstrip()}" for r, tb in sorted(self.failures.items()))
         super().__init__(message + detail)
         self.message = message
 
     def __reduce__(self):
-        return (type(self), (self.message, self.failures))
+        return (type(self), (self.message, self.failures, self.cause))

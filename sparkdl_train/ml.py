@@ -22,7 +22,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeightCol
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from .config import FREQUENCIES, MODES
+from .config import FREQUENCIES, modes
 from .driver.spark_model import SparkModel
 from .errors import ConfigError
 from .fs import FileSystem, join
@@ -33,8 +33,8 @@ MODEL_FILE = "model.keras"
 
 def _mode(value: Any) -> str:
     value = TypeConverters.toString(value)
-    if value not in MODES:
-        raise ConfigError(f"unknown mode {value!r}; expected one of {', '.join(MODES)}")
+    if value not in modes():
+        raise ConfigError(f"unknown mode {value!r}; expected one of {', '.join(modes())}")
     return value
 
 
@@ -61,7 +61,7 @@ class _KerasParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeightCol):
         "columns per model input, for multi-input models: {input name: column or [columns]} or a list "
         "(one entry per input); overrides featuresCol", typeConverter=_json_value,
     )
-    mode = Param(Params._dummy(), "mode", "how updates merge: " + ", ".join(MODES), typeConverter=_mode)
+    mode = Param(Params._dummy(), "mode", "how updates merge: " + ", ".join(modes()), typeConverter=_mode)
     frequency = Param(
         Params._dummy(), "frequency",
         "when workers push updates: 'epoch', 'batch', a number of batches, or 'auto' (the mode's default)",

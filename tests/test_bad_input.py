@@ -12,7 +12,7 @@ import pytest
 
 from sparkdl_train import SparkModel
 from sparkdl_train.config import EngineConfig
-from sparkdl_train.driver.allreduce import check_barrier_launch
+from sparkdl_train.driver.engines.slots import check_barrier_launch
 from sparkdl_train.errors import ConfigError, DataError, ModelError, WorkerError
 from sparkdl_train.ps import protocol as P
 from sparkdl_train.ps.client import PSClient

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -24,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from ..errors import DataError, FitCancelled, WorkerError
+from ..failures import Cause, classify
 from ..merge import Partial, merge_partials
 from .batching import Batch, num_rows, rows_to_chunks, take_rows, tree_concat
 from .spec import ColumnMapping
@@ -89,33 +89,24 @@ class DataAdapter(ABC):
 
 # -- Spark helpers -----------------------------------------------------------------
 
-_TASK_RE = re.compile(r"[Tt]ask (\d+)(?:\.\d+)? in stage")
-_CANCELLED_RE = re.compile(r"Job \d+ cancelled[^\n]*")
-
-
 @contextlib.contextmanager
 def _spark_job(sc: Any, description: str) -> Iterator[None]:
-    """Label the job in the Spark UI and turn executor failures into WorkerError."""
+    """Label the job in the Spark UI and turn a failed job into FitCancelled or a WorkerError
+    carrying its typed cause (:mod:`sparkdl_train.failures`)."""
     old = sc.getLocalProperty("spark.job.description")
     sc.setLocalProperty("spark.job.description", description)
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - classify below
-        name = type(exc).__name__
-        if name not in ("PythonException", "Py4JJavaError", "SparkException"):
+    except Exception as exc:  # noqa: BLE001 - classified below
+        failure = classify(exc)
+        if failure is None:
             raise
-        text = str(exc)
-        cancelled = _CANCELLED_RE.search(text)
-        if cancelled:
-            raise FitCancelled(f"{description} was cancelled: {cancelled.group(0)}") from None
-        m = _TASK_RE.search(text)
-        rank = int(m.group(1)) if m else -1
-        causes = ("sparkdl_train.", "ValueError", "TypeError", "RuntimeError")
-        last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip().startswith(causes)), None)
+        if failure.cause is Cause.CANCELLED:
+            raise FitCancelled(f"{description} was cancelled: {failure.summary}") from None
         summary = f"{description} failed on an executor"
-        if last:
-            summary += f": {last}"
-        raise WorkerError(summary, {rank: text}) from exc
+        if failure.summary:
+            summary += f": {failure.summary}"
+        raise WorkerError(summary, {failure.partition: failure.text}, cause=failure.cause.value) from exc
     finally:
         sc.setLocalProperty("spark.job.description", old)
 

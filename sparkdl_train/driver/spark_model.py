@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import EngineConfig, FitConfig
@@ -12,11 +13,12 @@ from ..data.output import output_columns
 from ..errors import ConfigError, DataError
 from ..model_io import ModelPayload, check_compiled, serialize_model
 from ..worker.tasks import PredictTask, StepSettings
-from .engine import EpochStats, FitStats, driver_host, evaluate_logs, make_engine
+from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs
 from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
 from .progress import FitProgress
 from .session import SharedRefs
+from .stats import EpochStats, FitStats
 
 log = logging.getLogger(__name__)
 
@@ -204,97 +206,58 @@ class SparkModel:
         model = self._model
         payload = self._payload()
         train = self._adapter(data, labelled=True, what="data")
-        engine = self._conf(train)
-        environment = self._preflight(train, engine)
-        val = None
-        if validation_data is not None:
-            val = self._adapter(validation_data, labelled=True, what="validation_data")
-        elif fit_cfg.validation_split:
-            train, val = train.random_split(fit_cfg.validation_split, engine.seed)
-        barrier = engine.mode == "allreduce"
+        config = self._conf(train)
         sc = _spark_context(train)
-        if barrier and sc is not None:
-            from .allreduce import barrier_slots, check_barrier_launch
-
-            workers = engine.num_workers or barrier_slots(sc)
-            check_barrier_launch(sc, workers, engine.connect_timeout)
-        else:
-            workers = engine.num_workers or self._default_workers(train)
-            if engine.mode == "synchronous" and engine.frequency != "epoch" and sc is not None:
-                from .allreduce import check_concurrent_slots
-
-                # every round waits for all workers: one without a slot would stall each round
-                check_concurrent_slots(
-                    sc, workers, engine.connect_timeout,
-                    f"mode='synchronous' with frequency={engine.frequency!r} needs its {workers} workers running "
-                    "at once (each round waits for all of them)",
-                )
-        if barrier and train.num_partitions() != workers:
-            log.info("allreduce: repartitioning %d partitions into %d (one per rank; barrier stages cannot coalesce)",
-                     train.num_partitions(), workers)
-        train = train.with_partitions(workers, shuffle=barrier)
+        environment = self._preflight(train, config)
+        train, val = self._validation(train, validation_data, fit_cfg, config)
+        engine_cls = engine_class(config)
+        launch = engine_cls.plan(config, sc, train)  # slot checks fail here, before any job
+        train = train.with_partitions(launch.workers, shuffle=launch.barrier)
         self._check_sample(train, "data")
         if val is not None:
             self._check_sample(val, "validation_data")
-
-        settings = StepSettings(
-            batch_size=fit_cfg.batch_size,
-            shuffle=fit_cfg.shuffle,
-            shuffle_buffer_size=engine.shuffle_buffer_size,
-            seed=engine.seed,
-            threads=self._threads(train, workers, engine),
-            nan_policy=engine.nan_policy,
-        )
-        eval_settings = StepSettings(batch_size=fit_cfg.batch_size, threads=settings.threads, nan_policy=engine.nan_policy)
-        self.stats = FitStats(num_workers=workers, worker_threads=settings.threads, mode=engine.mode, frequency=engine.frequency,
+        threads = self._threads(train, launch.workers, config)
+        settings = StepSettings(batch_size=fit_cfg.batch_size, shuffle=fit_cfg.shuffle, shuffle_buffer_size=config.shuffle_buffer_size,
+                                seed=config.seed, threads=threads, nan_policy=config.nan_policy)
+        self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                               master=sc.master if sc is not None else None, environment=environment)
-        checkpointer = None
-        if checkpoint_dir is not None:
-            from .checkpoint import Checkpointer
-
-            checkpointer = Checkpointer(checkpoint_dir, sc=sc)
-            restored = checkpointer.restore(model)
-            if restored is not None:
-                fit_cfg = dataclasses.replace(fit_cfg, initial_epoch=min(fit_cfg.epochs, max(fit_cfg.initial_epoch, restored.epochs_done)))
-                if fit_cfg.initial_epoch >= fit_cfg.epochs:
-                    log.info("%s: all %d epochs are already done", checkpoint_dir, fit_cfg.epochs)
-        runner = make_engine(engine, model, sc, workers)
-        cb = keras.callbacks.CallbackList(
-            callbacks, add_history=True, add_progbar=False, model=model,
-            verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None,
-        )
-        progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, workers, log_interval=engine.log_interval)
-        monitor = FitMonitor(
-            sc, model, cb, progress, workers, driver_host(engine, sc), engine.report_interval,
-            live=fit_cfg.verbose == 1 or bool(callbacks),
-        )
+        fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
+        cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
+                                          verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None)
+        progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, launch.workers, log_interval=config.log_interval)
+        monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.report_interval,
+                             live=fit_cfg.verbose == 1 or bool(callbacks))
         self._monitor = monitor
-        refs = SharedRefs(payload)
+        loop = _EpochLoop(train, val, SharedRefs(payload), settings, fit_cfg, cb, progress, monitor, checkpointer)
         model.stop_training = False
-        log.info("fit: %d epochs on %d workers (mode=%s, frequency=%s)", epochs, workers, engine.mode, engine.frequency)
+        log.info("fit: %d epochs on %d workers (mode=%s, frequency=%s)", epochs, launch.workers, config.mode, config.frequency)
+        engine = None
         try:
-            # the job group, report server and parameter server (if the mode has one) live exactly this long
-            with monitor, runner:
+            # the job group, report server and the engine's servers live exactly this long
+            with monitor, engine_cls(config, model, sc, launch) as engine:
                 cb.on_train_begin()
-                logs = self._run_epochs(runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress, monitor, checkpointer)
+                logs = self._run_epochs(engine, loop)
         finally:
-            self.stats.server = runner.server_stats()
+            self.stats.server = engine.stats() if engine is not None else None
             self.stats.reports = monitor.reports_received
-            refs.release()
+            loop.refs.release()
             progress.close()
         cb.on_train_end(logs)
         return model.history
 
-    def _run_epochs(self, runner, train, val, refs, settings, eval_settings, fit_cfg, cb, progress, monitor, checkpointer=None) -> dict[str, Any]:
-        model = self._model
+    def _run_epochs(self, engine: Engine, loop: "_EpochLoop") -> dict[str, Any]:
+        model, fit_cfg, cb, progress = self._model, loop.fit_cfg, loop.callbacks, loop.progress
+        s = loop.settings
+        eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy)
         logs: dict[str, Any] = {}
         for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
             cb.on_epoch_begin(epoch)
             progress.epoch_begin(epoch)
+            ctx = EpochContext(model, loop.train, loop.refs, loop.settings, epoch, fit_cfg.epochs, loop.monitor)
             try:
-                logs, stats = runner.train_epoch(model, train, refs, settings, epoch, fit_cfg.epochs, monitor)
+                logs, stats = engine.train_epoch(ctx)
             except EpochStopped as stop:
-                runner.stopped(model)
+                engine.stopped(model)
                 logs = stop.tally.logs()
                 t = stop.tally
                 self.stats.epochs.append(EpochStats(epoch, t.samples, t.steps, stop.seconds, {}, [], interrupted=True))
@@ -302,9 +265,9 @@ class SparkModel:
                 log.info("epoch %d/%d stopped early after %d samples", epoch + 1, fit_cfg.epochs, t.samples)
                 cb.on_epoch_end(epoch, logs)
                 break
-            if val is not None:
+            if loop.val is not None:
                 val_logs = evaluate_logs(
-                    model, val, refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
+                    model, loop.val, loop.refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
                 )
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
             self.stats.epochs.append(stats)
@@ -312,12 +275,34 @@ class SparkModel:
             log.info("epoch %d/%d %s (%.0f samples/s)", epoch + 1, fit_cfg.epochs,
                      " ".join(f"{k}={v:.4g}" for k, v in logs.items() if isinstance(v, float)), stats.samples_per_second)
             cb.on_epoch_end(epoch, logs)
-            if checkpointer is not None:  # after the callbacks: a learning-rate change is part of the state
-                checkpointer.save(model, epoch + 1, logs, {"mode": self.stats.mode, "frequency": self.stats.frequency,
-                                                           "num_workers": self.stats.num_workers, "epochs": fit_cfg.epochs})
+            if loop.checkpointer is not None:  # after the callbacks: a learning-rate change is part of the state
+                loop.checkpointer.save(model, epoch + 1, logs, {"mode": self.stats.mode, "frequency": self.stats.frequency,
+                                                                "num_workers": self.stats.num_workers, "epochs": fit_cfg.epochs})
             if model.stop_training:
                 break
         return logs
+
+    def _validation(self, train: DataAdapter, validation_data: Any, fit_cfg: FitConfig, config: EngineConfig) -> tuple[DataAdapter, Any]:
+        """The training data and the validation adapter (``validation_data``, or a seeded split)."""
+        if validation_data is not None:
+            return train, self._adapter(validation_data, labelled=True, what="validation_data")
+        if fit_cfg.validation_split:
+            return train.random_split(fit_cfg.validation_split, config.seed)
+        return train, None
+
+    def _restore(self, checkpoint_dir: str | None, sc: Any, fit_cfg: FitConfig) -> tuple[FitConfig, Any]:
+        """Resume from ``checkpoint_dir`` when it holds a checkpoint; returns the fit config to run and the checkpointer."""
+        if checkpoint_dir is None:
+            return fit_cfg, None
+        from .checkpoint import Checkpointer
+
+        checkpointer = Checkpointer(checkpoint_dir, sc=sc)
+        restored = checkpointer.restore(self._model)
+        if restored is not None:
+            fit_cfg = dataclasses.replace(fit_cfg, initial_epoch=min(fit_cfg.epochs, max(fit_cfg.initial_epoch, restored.epochs_done)))
+            if fit_cfg.initial_epoch >= fit_cfg.epochs:
+                log.info("%s: all %d epochs are already done", checkpoint_dir, fit_cfg.epochs)
+        return fit_cfg, checkpointer
 
     def evaluate(
         self,
@@ -370,13 +355,15 @@ class SparkModel:
             self._columns["feature_cols"] = feature_cols
         payload = self._payload()
         adapter = self._adapter(data, labelled=False, what="data")
+        conf = self._conf(adapter)
+        self._preflight(adapter, conf)
         sample_x = adapter.sample(_SAMPLE_ROWS)[0]
         try:
             sample_out = self._model.predict_on_batch(sample_x)
         except Exception as exc:  # noqa: BLE001
             raise DataError(f"the model cannot run on the given features: {type(exc).__name__}: {exc}") from exc
         columns = output_columns(sample_out, prediction_col)
-        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), self._conf(adapter)))
+        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf))
         refs = SharedRefs(payload)
         task = PredictTask(refs.payload_ref(adapter), refs.state_ref(adapter, self._model, False), settings)
         return adapter.predict(task.model, task.predict, columns)
@@ -414,11 +401,6 @@ class SparkModel:
         return check_executors(sc, timeout=engine.preflight_timeout)
 
     @staticmethod
-    def _default_workers(adapter: DataAdapter) -> int:
-        sc = _spark_context(adapter)
-        return sc.defaultParallelism if sc is not None else adapter.num_partitions()
-
-    @staticmethod
     def _threads(adapter: DataAdapter, workers: int, engine: EngineConfig) -> int | None:
         if engine.worker_threads:
             return engine.worker_threads
@@ -444,6 +426,21 @@ class SparkModel:
                 f"{what} does not fit model {self._model.name!r} (sample batch shapes {shapes}): "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+
+@dataclass
+class _EpochLoop:
+    """What the epoch loop of one fit needs besides the engine."""
+
+    train: DataAdapter
+    val: DataAdapter | None
+    refs: SharedRefs
+    settings: StepSettings
+    fit_cfg: FitConfig
+    callbacks: Any
+    progress: FitProgress
+    monitor: FitMonitor
+    checkpointer: Any = None
 
 
 def _check_callbacks(callbacks: Sequence[Any] | None) -> None:

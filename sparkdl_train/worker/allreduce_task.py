@@ -30,16 +30,14 @@ import numpy as np
 
 from ..allreduce import ring
 from ..allreduce.transport import Group, PeerAborted, rendezvous
-from ..data.batching import Batch, num_rows, rebatch
-from ..data.finite import Screen
-from ..data.prefetch import prefetch
+from ..data.batching import Batch, num_rows
 from ..errors import SparkDLError
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
 from .fused_step import FusedStep
-from .report import Reporter, ReportSettings
+from .report import ReportSettings
 from .steps import _build
-from .tasks import Ref, StepSettings, _info, _model, on_task_device
+from .tasks import PartitionPass, Ref, StepSettings, on_task_device
 
 
 class RankError(SparkDLError):
@@ -70,11 +68,9 @@ class AllreduceTrainTask:
         rank, size = group.rank, group.size
         link = None
         try:
-            start = time.perf_counter()
-            model = _model(self.payload, self.state, self.settings)
-            model.reset_metrics()
+            run = PartitionPass(self.payload, self.state, self.settings, partition, epoch=self.epoch, report=self.report)
             link = rendezvous(group, self.ring.host or host, self.ring.secret, self.ring.timeout, self.ring.connect_timeout)
-            return self._train(model, partition, chunks, link, rank, size, start)
+            return self._train(run, chunks, link, rank, size)
         except PeerAborted as exc:
             if link is not None and exc.origin != rank:
                 link.abort(exc.origin, exc.detail)  # pass it on round the ring
@@ -90,8 +86,8 @@ class AllreduceTrainTask:
             if link is not None:
                 link.close()
 
-    def _train(self, model, partition, chunks, link, rank, size, start) -> Partial:
-        s, r = self.settings, self.ring
+    def _train(self, run: PartitionPass, chunks: Iterable[Batch], link: Any, rank: int, size: int) -> Partial:
+        s, r, model, partition = self.settings, self.ring, run.model, run.partition
         factor = {"none": 1.0, "linear": float(size), "sqrt": math.sqrt(size)}[r.lr_scaling]
         base_lr = _scale_lr(model, factor)
         wire = np.float16 if r.compression == "fp16" else None
@@ -107,11 +103,7 @@ class AllreduceTrainTask:
 
         step = _fused_step(model, s.batch_size)
         buf = np.empty(step.size, np.float32)
-        rng = np.random.default_rng([s.seed, self.epoch, partition])
-        screen = Screen(s.nan_policy, partition, model)
-        batches = prefetch(rebatch(screen(chunks), s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng))
-        batches = (b for b in batches if num_rows(b))  # an exhausted generator keeps returning None below
-        reporter = Reporter(self.report, partition)
+        batches = (b for b in run.batches(chunks) if num_rows(b))  # an exhausted generator keeps returning None below
         samples = local_steps = global_steps = 0
         while True:
             batch = next(batches, None)
@@ -131,16 +123,16 @@ class AllreduceTrainTask:
             step.apply(buf)
             global_steps += 1
             if batch is not None:
-                reporter(local_steps, samples, model)
+                run.reporter(local_steps, samples, model)
 
         t0 = time.perf_counter()
         _sync_non_trainable(model, link, rank, size, samples)
         comm += time.perf_counter() - t0
         _scale_lr(model, 1.0, base_lr)
-        reporter.finish(local_steps, samples, model)
+        run.finish(local_steps, samples)
         weights = [np.asarray(v.numpy()) for v in model.weights]
-        info = {**_info(samples, local_steps, start), **screen.info()}
-        info.update(
+        info = run.info(
+            samples, local_steps,
             rank=rank,
             world_size=size,
             global_steps=global_steps,

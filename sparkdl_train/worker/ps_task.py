@@ -6,22 +6,19 @@ travel by rows (:mod:`sparkdl_train.worker.sparse`).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
 
-from ..data.batching import Batch, rebatch
-from ..data.finite import Screen
-from ..data.prefetch import prefetch
+from ..data.batching import Batch
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state
 from ..ps.client import PSClient
-from .report import Reporter, ReportSettings
+from .report import ReportSettings
 from .sparse import Lookahead, SparseTable, TableSync
 from .steps import run_steps
-from .tasks import Ref, StepSettings, _info, _model, on_task_device
+from .tasks import PartitionPass, Ref, StepSettings, on_task_device
 
 MAX_LOOKAHEAD = 256  # batches read ahead to know which table rows a window needs
 
@@ -51,15 +48,9 @@ class PSTrainTask:
 
     @on_task_device
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
-        start = time.perf_counter()
-        s = self.settings
-        model = _model(self.payload, self.state, s)  # optimizer slots from the driver's broadcast
-        model.reset_metrics()
-        rng = np.random.default_rng([s.seed, self.epoch, partition])
-        ps = self.ps
-        reporter = Reporter(self.report, partition)
-        screen = Screen(s.nan_policy, partition, model)
-        ahead = Lookahead(prefetch(rebatch(screen(chunks), s.batch_size, shuffle=s.shuffle, buffer_rows=s.shuffle_buffer_size, rng=rng)))
+        run = PartitionPass(self.payload, self.state, self.settings, partition, epoch=self.epoch, report=self.report)
+        model, ps = run.model, self.ps  # optimizer slots from the driver's broadcast
+        ahead = Lookahead(run.batches(chunks))
         sync = TableSync(model, ps.tables)  # with no tables every weight travels whole
         # with tables, read the next window ahead so that only its rows are pulled
         window = ps.every if ps.tables and ps.every is not None and ps.every <= MAX_LOOKAHEAD else None
@@ -83,16 +74,15 @@ class PSTrainTask:
             def on_batch(steps: int, samples: int) -> None:
                 if ps.every is not None and steps - mark["steps"] >= ps.every:
                     push(steps, samples)
-                reporter(steps, samples, model)
+                run.reporter(steps, samples, model)
 
             samples, steps = run_steps(model, sync.track(ahead), training=True, on_batch=on_batch)
             if steps > mark["steps"]:
                 push(steps, samples)
             client.done()
-            reporter.finish(steps, samples, model)
-            info = _info(samples, steps, start)
-            info.update(screen.info())
-            info.update(pushes=mark["pushes"], bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
+            run.finish(steps, samples)
+            info = run.info(samples, steps, pushes=mark["pushes"], bytes_sent=client.bytes_sent,
+                            bytes_received=client.bytes_received)
         if samples == 0:
             return Partial(partitions={partition: info})
         optimizer_state = [np.asarray(v.numpy()) for v in model.optimizer.variables]

@@ -129,28 +129,52 @@ def _model(payload: Ref, state: Ref, settings: StepSettings) -> Any:
     return model
 
 
-def _run_partition(
-    payload: Ref,
-    state: Ref,
-    settings: StepSettings,
-    chunks: Iterable[Batch],
-    training: bool,
-    rng: np.random.Generator | None = None,
-    reporter: Reporter | None = None,
-    partition: int = -1,
-) -> tuple[Any, dict[str, Any]]:
-    """Stream one partition through the model's train or test step; metrics accumulate from zero."""
-    start = time.perf_counter()
-    model = _model(payload, state, settings)
-    model.reset_metrics()
-    shuffle = training and settings.shuffle
-    screen = Screen(settings.nan_policy, partition, model)
-    batches = prefetch(rebatch(screen(chunks), settings.batch_size, shuffle=shuffle, buffer_rows=settings.shuffle_buffer_size, rng=rng))
-    on_batch = (lambda steps, samples: reporter(steps, samples, model)) if reporter is not None else None
-    samples, steps = run_steps(model, batches, training=training, on_batch=on_batch)
-    if reporter is not None:
-        reporter.finish(steps, samples, model)
-    return model, {**_info(samples, steps, start), **screen.info()}
+class PartitionPass:
+    """One task's pass over its partition: the skeleton every engine's worker task shares.
+
+    It loads the model (rebuilt once per Python worker, see :mod:`.runtime`) with the driver's
+    broadcast state, resets its metrics, seeds shuffling by ``(seed, epoch, partition)``, screens
+    non-finite rows (:mod:`sparkdl_train.data.finite`), re-batches and prefetches the stream
+    (:meth:`batches`), reports live progress (:attr:`reporter`) and assembles the partition's
+    statistics (:meth:`info`). An engine's task supplies only its step strategy: local steps
+    (:func:`.steps.run_steps`), a push window (:mod:`.ps_task`) or an allreduce step
+    (:mod:`.allreduce_task`).
+    """
+
+    def __init__(self, payload: Ref, state: Ref, settings: StepSettings, partition: int, *,
+                 epoch: int | None = None, report: ReportSettings | None = None, training: bool = True):
+        self.start = time.perf_counter()
+        self.settings = settings
+        self.partition = partition
+        self.training = training
+        self.model = _model(payload, state, settings)
+        self.model.reset_metrics()  # metrics accumulate from zero over this partition
+        self.rng = np.random.default_rng([settings.seed, epoch, partition]) if epoch is not None else None
+        self.screen = Screen(settings.nan_policy, partition, self.model)
+        self.reporter = Reporter(report, partition)  # no settings: reports nothing
+
+    def batches(self, chunks: Iterable[Batch]) -> Iterable[Batch]:
+        s = self.settings
+        shuffle = self.training and s.shuffle
+        return prefetch(rebatch(self.screen(chunks), s.batch_size, shuffle=shuffle, buffer_rows=s.shuffle_buffer_size, rng=self.rng))
+
+    def on_batch(self) -> Any:
+        """A ``run_steps`` callback that reports progress (``None`` when nobody listens)."""
+        if self.reporter.settings is None:
+            return None
+        return lambda steps, samples: self.reporter(steps, samples, self.model)
+
+    def run(self, chunks: Iterable[Batch]) -> tuple[int, int]:
+        """Keras' own train (or test) step over the whole partition; returns ``(samples, steps)``."""
+        samples, steps = run_steps(self.model, self.batches(chunks), training=self.training, on_batch=self.on_batch())
+        self.finish(steps, samples)
+        return samples, steps
+
+    def finish(self, steps: int, samples: int) -> None:
+        self.reporter.finish(steps, samples, self.model)
+
+    def info(self, samples: int, steps: int, **extra: Any) -> dict[str, Any]:
+        return {**_info(samples, steps, self.start), **self.screen.info(), **extra}
 
 
 @dataclass(frozen=True)
@@ -165,17 +189,16 @@ class TrainEpochTask:
 
     @on_task_device
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
-        rng = np.random.default_rng([self.settings.seed, self.epoch, partition])
-        reporter = Reporter(self.report, partition) if self.report is not None else None
-        model, info = _run_partition(self.payload, self.state, self.settings, chunks, True, rng, reporter, partition)
-        samples = info["samples"]
+        run = PartitionPass(self.payload, self.state, self.settings, partition, epoch=self.epoch, report=self.report)
+        samples, steps = run.run(chunks)
+        info = run.info(samples, steps)
         if samples == 0:
             return Partial(partitions={partition: info})
         return Partial(
             samples=samples,
-            batches=info["batches"],
-            model=WeightedMean.of(get_state(model), samples),
-            metrics=get_metric_state(model),
+            batches=steps,
+            model=WeightedMean.of(get_state(run.model), samples),
+            metrics=get_metric_state(run.model),
             partitions={partition: info},
         )
 
@@ -190,9 +213,10 @@ class EvaluateTask:
 
     @on_task_device
     def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
-        model, info = _run_partition(self.payload, self.state, self.settings, chunks, False, partition=partition)
-        metrics = get_metric_state(model) if info["samples"] else None
-        return Partial(samples=info["samples"], batches=info["batches"], metrics=metrics, partitions={partition: info})
+        run = PartitionPass(self.payload, self.state, self.settings, partition, training=False)
+        samples, steps = run.run(chunks)
+        metrics = get_metric_state(run.model) if samples else None
+        return Partial(samples=samples, batches=steps, metrics=metrics, partitions={partition: run.info(samples, steps)})
 
 
 @dataclass(frozen=True)

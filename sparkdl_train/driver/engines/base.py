@@ -1,0 +1,166 @@
+"""The engine contract: what every training engine provides to ``SparkModel.fit``.
+
+An engine decides how one epoch's work runs on the executors and how the workers' updates
+merge. ``fit`` drives every engine the same way::
+
+    launch = Engine.plan(config, sc, train)          # before anything starts: slots, partitions
+    with Engine(config, model, sc, launch) as engine: # its servers live exactly this long
+        for epoch ...:
+            logs, stats = engine.train_epoch(EpochContext(...))
+            # on a cancelled epoch: engine.stopped(model)
+    sm.stats.server = engine.stats()
+
+Override points (each engine module documents its own):
+
+* :meth:`Engine.plan` (classmethod): how many workers, whether the stage is a barrier stage
+  (one partition per rank, repartitioned, never coalesced), and every check that must fail
+  *before* launch (task slots, dynamic allocation). Default: ``num_workers`` or the
+  cluster's default parallelism, no barrier.
+* ``__init__`` / ``__enter__`` / ``__exit__``: build and start what the fit needs (a parameter
+  server), always released on exit.
+* :meth:`Engine.train_epoch`: run the epoch (usually through :func:`run_epoch`) and leave the
+  merged state in the driver's model; return the epoch's logs and :class:`EpochStats`.
+* :meth:`Engine.stopped`: the epoch was cancelled midway; set the weights the driver keeps.
+* :meth:`Engine.stats`: what ``sm.stats.server`` shows.
+
+Engines are registered by mode in :mod:`sparkdl_train.driver.engines`; adding one is a new
+module with an :class:`Engine` subclass and a :func:`~sparkdl_train.driver.engines.register` call.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ...config import EngineConfig
+from ...data.adapters import DataAdapter
+from ...errors import DataError
+from ...merge import Partial
+from ...model_io import metrics_result, set_metric_state
+from ...worker.tasks import EvaluateTask, StepSettings
+from ..executors import locate
+from ..monitor import FitMonitor
+from ..session import SharedRefs
+from ..stats import EpochStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How an engine's epochs are launched: ``workers`` partitions (one task each), as a barrier
+    stage or not."""
+
+    workers: int
+    barrier: bool = False
+
+
+@dataclass
+class EpochContext:
+    """Everything one epoch's work needs from the fit (plain references, no engine state)."""
+
+    model: Any
+    train: DataAdapter
+    refs: SharedRefs
+    settings: StepSettings
+    epoch: int
+    epochs: int
+    monitor: FitMonitor
+
+    @property
+    def description(self) -> str:
+        return f"sparkdl_train fit: epoch {self.epoch + 1}/{self.epochs}"
+
+
+class Engine:
+    """Base class of the training engines (see the module docstring for the contract)."""
+
+    name = "engine"
+
+    def __init__(self, config: EngineConfig, model: Any, sc: Any, launch: Launch):
+        self.config = config
+        self.workers = launch.workers
+        self.launch = launch
+
+    @classmethod
+    def plan(cls, config: EngineConfig, sc: Any, train: DataAdapter) -> Launch:
+        return Launch(workers=config.num_workers or default_workers(sc, train))
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def train_epoch(self, ctx: EpochContext) -> tuple[dict[str, Any], EpochStats]:
+        raise NotImplementedError
+
+    def stopped(self, model: Any) -> None:
+        """An epoch was cancelled midway (default: the driver keeps the weights it started it with)."""
+
+    def stats(self) -> dict[str, Any] | None:
+        return None
+
+
+def default_workers(sc: Any, train: DataAdapter) -> int:
+    return sc.defaultParallelism if sc is not None else train.num_partitions()
+
+
+def driver_host(config: EngineConfig, sc: Any) -> str:
+    """The address driver-side servers bind and executors connect to."""
+    return config.ps_host or (sc.getConf().get("spark.driver.host") if sc is not None else None) or socket.gethostname()
+
+
+def evaluate_logs(model: Any, adapter: DataAdapter, refs: SharedRefs, settings: StepSettings, description: str) -> dict[str, float]:
+    """Globally correct metrics of the driver model's weights over ``adapter``."""
+    state = refs.state_ref(adapter, model, include_optimizer=False)
+    try:
+        task = EvaluateTask(refs.payload_ref(adapter), state, settings)
+        partial = adapter.map_reduce(task, description)
+    finally:
+        adapter.unshare(state)
+    if partial.samples == 0 or partial.metrics is None:
+        raise DataError(f"{description}: no samples to evaluate")
+    set_metric_state(model, partial.metrics)
+    return metrics_result(model)
+
+
+def run_epoch(
+    ctx: EpochContext,
+    make_task: Callable[[Any, Any, Any], Any],
+    launch: Callable[[Any, str], Partial] | None = None,
+) -> tuple[Partial, EpochStats]:
+    """Broadcast the driver's state, run ``make_task(payload_ref, state_ref, report_settings)``
+    on every partition (through ``launch``, default ``train.map_reduce``, driven by the
+    fit's monitor), record where each task ran, merge."""
+    model, train, refs, epoch = ctx.model, ctx.train, ctx.refs, ctx.epoch
+    start = time.perf_counter()
+    state = refs.state_ref(train, model, include_optimizer=True)
+    launch = launch or train.map_reduce
+    try:
+        task = make_task(refs.payload_ref(train), state, ctx.monitor.report_settings(epoch))
+        partial: Partial = ctx.monitor.run(epoch, lambda: launch(task, ctx.description))
+    finally:
+        train.unshare(state)
+    locate(train.spark_context(), partial.partitions)
+    n_parts = train.num_partitions()
+    empty = sorted(set(range(n_parts)) - {p for p, i in partial.partitions.items() if i.get("samples", 0) > 0})
+    if partial.samples == 0:
+        raise DataError(f"epoch {epoch + 1}: none of the {n_parts} partitions holds a training sample")
+    if empty:
+        log.warning(
+            "epoch %d: %d of %d partitions were empty (%s); they did not take part in the average",
+            epoch + 1, len(empty), n_parts, empty[:10],
+        )
+    stats = EpochStats(
+        epoch=epoch,
+        samples=partial.samples,
+        batches=partial.batches,
+        seconds=time.perf_counter() - start,
+        partitions=dict(sorted(partial.partitions.items())),
+        empty_partitions=empty,
+    )
+    return partial, stats

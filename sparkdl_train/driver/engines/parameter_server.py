@@ -1,0 +1,114 @@
+"""The driver-hosted parameter server engine: every mode and frequency but synchronous/epoch.
+
+A parameter server runs in the driver for the whole fit; workers pull weights, train, and push
+weight deltas every N steps (or once per partition); the server merges them by the mode's rule
+(:mod:`sparkdl_train.ps.state`). Embedding tables fed by a model input travel by rows: a worker
+pushes the rows its batches touched and pulls the rows its next batches look up
+(:mod:`sparkdl_train.worker.sparse`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ...config import EngineConfig
+from ...data.adapters import DataAdapter
+from ...model_io import metrics_result, set_metric_state, set_optimizer_state
+from ...ps.protocol import dense_exchange_bytes, new_secret
+from ...ps.server import ParameterServer
+from ...ps.state import ServerState
+from ...worker.ps_task import PSSettings, PSTrainTask
+from ..sparse import find_tables
+from ..stats import EpochStats
+from .base import Engine, EpochContext, Launch, driver_host, run_epoch
+from .slots import check_concurrent_slots
+
+log = logging.getLogger(__name__)
+
+
+class ParameterServerEngine(Engine):
+    """A driver-hosted parameter server for the duration of one fit."""
+
+    name = "parameter_server"
+
+    @classmethod
+    def plan(cls, config: EngineConfig, sc: Any, train: DataAdapter) -> Launch:
+        launch = super().plan(config, sc, train)
+        if config.mode == "synchronous" and sc is not None:
+            # every round waits for all workers: one without a slot would stall each round
+            check_concurrent_slots(
+                sc, launch.workers, config.connect_timeout,
+                f"mode='synchronous' with frequency={config.frequency!r} needs its {launch.workers} workers running "
+                "at once (each round waits for all of them)",
+            )
+        return launch
+
+    def __init__(self, config: EngineConfig, model: Any, sc: Any, launch: Launch):
+        super().__init__(config, model, sc, launch)
+        workers = self.workers
+        host = driver_host(config, sc)
+        self.secret = new_secret()
+        self.tables = find_tables(model) if config.sparse_embeddings is not False else ()
+        if config.sparse_embeddings and not self.tables:
+            log.warning("sparse_embeddings=True, but no embedding table reads its ids from a model input: all weights travel whole")
+        weights = [w.numpy() for w in model.weights]
+        self.state = ServerState(
+            weights,
+            config.mode,
+            staleness_bound=config.staleness_bound,
+            round_timeout=config.round_timeout,
+            join_timeout=config.join_timeout,
+            sparse=[t.index for t in self.tables],
+        )
+        self.dense_bytes_per_push = dense_exchange_bytes(weights)
+        self.server = ParameterServer(self.state, host, self.secret, port=config.ps_port, idle_timeout=config.idle_timeout)
+        freq = config.frequency
+        self.every = None if freq == "epoch" else 1 if freq == "batch" else int(freq)
+        # Applied one by one, K full deltas move the model K times as far as one worker would:
+        # by default scale them by 1/K so each update counts as one K-th of an averaged step.
+        if config.mode in ("asynchronous", "hogwild"):
+            self.scale = config.delta_scale if config.delta_scale is not None else 1.0 / workers
+        else:
+            self.scale = 1.0
+
+    def __enter__(self) -> "ParameterServerEngine":
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.stop()
+
+    def stats(self) -> dict[str, Any]:
+        st = self.state.stats.as_dict()
+        per_push = (st["bytes_in"] + st["bytes_out"]) / st["updates"] if st["updates"] else None
+        return {
+            **st,
+            "address": list(self.server.address),
+            "delta_scale": self.scale,
+            "sparse_tables": [t.name for t in self.tables],
+            # everything on the wire (handshakes and pulls included) per push ...
+            "bytes_per_push": per_push,
+            # ... against one dense push and its reply, framing included
+            "dense_bytes_per_push": self.dense_bytes_per_push,
+            "dense_to_actual_bytes": self.dense_bytes_per_push / per_push if per_push else None,
+        }
+
+    def stopped(self, model: Any) -> None:
+        """An epoch was cancelled midway: take the server's weights, the latest there are."""
+        model.set_weights(self.state.snapshot())
+
+    def train_epoch(self, ctx: EpochContext) -> tuple[dict[str, Any], EpochStats]:
+        model, settings, epoch = ctx.model, ctx.settings, ctx.epoch
+        host, port = self.server.address
+        ps = PSSettings(
+            host, port, self.secret, self.every, scale=self.scale,
+            timeout=self.config.round_timeout + 60, connect_timeout=self.config.connect_timeout, tables=self.tables,
+        )
+        self.state.begin_epoch(self.workers)
+        partial, stats = run_epoch(ctx, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r))
+        model.set_weights(self.state.snapshot())
+        if partial.model.sums is not None:
+            set_optimizer_state(model, partial.model.result())
+        set_metric_state(model, partial.metrics)
+        return metrics_result(model), stats

@@ -1,0 +1,64 @@
+"""Statistics of a fit: per epoch, per partition, and the engine's (``sm.stats``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EpochStats:
+    epoch: int
+    samples: int
+    batches: int
+    seconds: float
+    partitions: dict[int, dict[str, Any]]
+    empty_partitions: list[int]
+    interrupted: bool = False  # stopped mid-epoch (model.stop_training set by a callback)
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass
+class FitStats:
+    epochs: list[EpochStats] = field(default_factory=list)
+    num_workers: int = 0
+    worker_threads: int | None = None
+    mode: str = "synchronous"
+    frequency: str | int = "epoch"
+    server: dict[str, Any] | None = None
+    reports: int = 0  # live progress reports received from workers
+    master: str | None = None  # the Spark master the fit ran on
+    environment: list[dict[str, Any]] | None = None  # the executor environment check's reports (preflight)
+
+    def executor_ids(self) -> list[str]:
+        """The executors that ran this fit's training tasks (``"driver"`` in local mode)."""
+        return sorted({str(i.get("executor_id")) for e in self.epochs for i in e.partitions.values()})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.num_workers,
+            "worker_threads": self.worker_threads,
+            "mode": self.mode,
+            "frequency": self.frequency,
+            "server": self.server,
+            "reports": self.reports,
+            "master": self.master,
+            "executor_ids": self.executor_ids(),
+            "environment": self.environment,
+            "epochs": [
+                {
+                    "epoch": e.epoch,
+                    "samples": e.samples,
+                    "batches": e.batches,
+                    "seconds": e.seconds,
+                    "samples_per_second": e.samples_per_second,
+                    "empty_partitions": e.empty_partitions,
+                    "interrupted": e.interrupted,
+                    "partitions": e.partitions,
+                }
+                for e in self.epochs
+            ],
+        }

@@ -1,0 +1,94 @@
+"""Spark job failures as typed causes, and the retry policy over them.
+
+A failed Spark action reaches Python as a ``Py4JJavaError`` / ``PythonException`` /
+``SparkException`` whose only detail is text. This module is the one place that reads that
+text (:func:`classify`); everything else decides on the :class:`Cause` it returns:
+``sparkdl_train.data.adapters`` turns a failed job into :class:`~sparkdl_train.errors.FitCancelled`
+or a :class:`~sparkdl_train.errors.WorkerError` carrying the cause, and the allreduce engine
+re-runs an epoch only when :class:`FailurePolicy` says the cause is a lost rank. The
+patterns are checked against error texts produced by this Spark version in
+``tests/test_failures.py`` (live jobs on ``local[2]``; the killed-worker texts in the
+``local-cluster`` fault tests).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+
+SPARK_ERRORS = ("PythonException", "Py4JJavaError", "SparkException")
+
+
+class Cause(str, enum.Enum):
+    CANCELLED = "cancelled"  # the job (group or tag) was cancelled: Spark UI, cancel(), stop_training
+    WORKER_LOST = "worker_lost"  # the task's Python worker died (killed, out of memory, crashed)
+    EXECUTOR_LOST = "executor_lost"  # the executor (JVM, container, node) went away
+    CONNECTION_LOST = "connection_lost"  # a peer's socket reset or broke (its process died)
+    TIMEOUT = "timeout"  # a peer or a round never answered within its timeout
+    USER_ERROR = "user_error"  # sparkdl_train refused the data, the model or the config on an executor
+    TASK_ERROR = "task_error"  # any other exception raised by the task's code
+
+
+# (cause, pattern): the first that matches wins, so the specific come first
+_RULES: tuple[tuple[Cause, re.Pattern], ...] = (
+    (Cause.CANCELLED, re.compile(r"Job \d+ cancelled")),
+    (Cause.USER_ERROR, re.compile(r"sparkdl_train\.errors\.(?:DataError|ModelError|ConfigError)")),
+    (Cause.WORKER_LOST, re.compile(r"Python worker exited unexpectedly")),
+    (Cause.EXECUTOR_LOST, re.compile(r"ExecutorLostFailure|Executor lost|executor \S+ exited|Lost executor")),
+    (Cause.TIMEOUT, re.compile(r"RingTimeout|RoundTimeout|not complete after [\d.]+ s|timed out")),
+    (Cause.CONNECTION_LOST, re.compile(r"Connection reset by peer|Broken pipe|ConnectionResetError|BrokenPipeError")),
+)
+_TASK = re.compile(r"[Tt]ask (\d+)(?:\.\d+)? in stage")
+_CANCELLED_LINE = re.compile(r"Job \d+ cancelled[^\n]*")
+_CAUSE_LINES = ("sparkdl_train.", "ValueError", "TypeError", "RuntimeError", "KeyError", "MemoryError")
+
+
+@dataclass(frozen=True)
+class SparkFailure:
+    """A failed Spark job, read once."""
+
+    cause: Cause
+    partition: int  # the failing task's partition (-1: unknown)
+    summary: str  # the line that says what went wrong ("" when no line does)
+    text: str = field(repr=False, default="")
+
+
+def is_spark_error(exc: BaseException) -> bool:
+    return type(exc).__name__ in SPARK_ERRORS
+
+
+def classify(exc: BaseException) -> SparkFailure | None:
+    """The typed cause of a failed Spark action (``None`` when ``exc`` is not one)."""
+    if not is_spark_error(exc):
+        return None
+    return classify_text(str(exc))
+
+
+def classify_text(text: str) -> SparkFailure:
+    cause = next((c for c, rule in _RULES if rule.search(text)), Cause.TASK_ERROR)
+    m = _TASK.search(text)
+    partition = int(m.group(1)) if m else -1
+    if cause is Cause.CANCELLED:
+        line = _CANCELLED_LINE.search(text)
+        summary = line.group(0) if line else "cancelled"
+    else:
+        summary = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip().startswith(_CAUSE_LINES)), "")
+    return SparkFailure(cause, partition, summary, text)
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """Decides by cause, never by message, whether a failed stage is worth running again.
+
+    The default retries what a new stage can fix: a lost worker, executor or connection. A
+    timeout (a stalled rank would stall again), a user error (bad data, model or config) and
+    a task's own exception fail at once, as does a cancelled job.
+    """
+
+    max_retries: int = 2
+    retry_on: frozenset = frozenset({Cause.WORKER_LOST, Cause.EXECUTOR_LOST, Cause.CONNECTION_LOST})
+
+    def should_retry(self, cause: Cause | None, attempt: int) -> bool:
+        """``attempt`` counts the retries already made."""
+        return cause in self.retry_on and attempt < self.max_retries
