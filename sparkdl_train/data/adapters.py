@@ -31,7 +31,7 @@ from .spec import ColumnMapping
 log = logging.getLogger(__name__)
 
 PartitionTask = Callable[[int, Iterable[Batch]], Partial]
-BarrierTask = Callable[[int, Iterable[Batch], Any, str], Partial]
+BarrierTask = Callable[[int, Iterable[Batch], Any], Partial]
 
 
 def _merge_all(partials: Iterable[Partial]) -> Partial:
@@ -69,9 +69,10 @@ class DataAdapter(ABC):
         """Run ``task`` on every partition and merge the partials."""
 
     @abstractmethod
-    def barrier_map(self, task: BarrierTask, description: str, timeout: float) -> Partial:
-        """Run ``task(partition, chunks, group, host)`` on every partition at once, as one
-        barrier stage (each partition a rank of ``group``), and merge the partials."""
+    def barrier_map(self, task: BarrierTask, description: str) -> Partial:
+        """Run ``task(partition, chunks, barrier)`` on every partition at once, as one barrier
+        stage, and merge the partials. ``barrier`` is the task's ``BarrierTaskContext`` (``None``
+        for in-process data): what the task builds on it (a ring) is the task's business."""
 
     @abstractmethod
     def predict(self, make_model: Callable[[], Any], predict: Callable[[Any, Any], Any], columns: list) -> Any:
@@ -166,16 +167,14 @@ class RDDAdapter(DataAdapter):
         with _spark_job(self.rdd.context, description):
             return _tree_reduce(self.rdd.mapPartitionsWithIndex(run))
 
-    def barrier_map(self, task: BarrierTask, description: str, timeout: float) -> Partial:
+    def barrier_map(self, task: BarrierTask, description: str) -> Partial:
         chunk_rows, labelled = self.chunk_rows, self.labelled
 
         def run(rows: Iterator) -> Iterator[bytes]:
             from pyspark import BarrierTaskContext
 
-            from ..allreduce.barrier import BarrierGroup
-
-            group = BarrierGroup(BarrierTaskContext.get(), timeout)
-            yield task(group.rank, rows_to_chunks(rows, chunk_rows, labelled), group, group.address()).to_bytes()
+            ctx = BarrierTaskContext.get()
+            yield task(ctx.partitionId(), rows_to_chunks(rows, chunk_rows, labelled), ctx).to_bytes()
 
         with _spark_job(self.rdd.context, description):
             blobs = self.rdd.barrier().mapPartitions(run).collect()
@@ -294,7 +293,7 @@ class DataFrameAdapter(DataAdapter):
         with _spark_job(self._sc, description):
             return _tree_reduce(out.rdd.map(lambda row: Partial.from_bytes(row[0])))
 
-    def barrier_map(self, task: BarrierTask, description: str, timeout: float) -> Partial:
+    def barrier_map(self, task: BarrierTask, description: str) -> Partial:
         import pyarrow as pa
 
         mapping = self.mapping
@@ -302,11 +301,9 @@ class DataFrameAdapter(DataAdapter):
         def run(batches: Iterator) -> Iterator:
             from pyspark import BarrierTaskContext
 
-            from ..allreduce.barrier import BarrierGroup
-
-            group = BarrierGroup(BarrierTaskContext.get(), timeout)
+            ctx = BarrierTaskContext.get()
             chunks = (mapping.batch_from_arrow(rb) for rb in batches)
-            partial = task(group.rank, chunks, group, group.address())
+            partial = task(ctx.partitionId(), chunks, ctx)
             yield pa.RecordBatch.from_arrays([pa.array([partial.to_bytes()], pa.binary())], ["partial"])
 
         out = self._selected().mapInArrow(run, "partial binary", barrier=True)
@@ -392,15 +389,13 @@ class ArrayAdapter(DataAdapter):
     def map_reduce(self, task: PartitionTask, description: str) -> Partial:
         return _merge_all(task(pid, self._chunks(lo, hi)) for pid, (lo, hi) in enumerate(self._bounds()))
 
-    def barrier_map(self, task: BarrierTask, description: str, timeout: float) -> Partial:
-        from ..allreduce.barrier import SingleGroup
-
+    def barrier_map(self, task: BarrierTask, description: str) -> Partial:
         if self.partitions != 1:
             raise DataError(
                 f"{description}: in-process arrays run as one rank; a ring of {self.partitions} ranks "
                 "needs a DataFrame or an RDD"
             )
-        return task(0, self._chunks(0, self.n), SingleGroup(), "127.0.0.1")
+        return task(0, self._chunks(0, self.n), None)
 
     def predict(self, make_model, predict, columns):
         model = make_model()

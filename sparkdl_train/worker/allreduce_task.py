@@ -29,6 +29,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..allreduce import ring
+from ..allreduce.barrier import BarrierGroup, SingleGroup
 from ..allreduce.transport import Group, PeerAborted, rendezvous
 from ..data.batching import Batch, num_rows
 from ..errors import SparkDLError
@@ -64,7 +65,10 @@ class AllreduceTrainTask:
     report: ReportSettings | None = None
 
     @on_task_device
-    def __call__(self, partition: int, chunks: Iterable[Batch], group: Group, host: str) -> Partial:
+    def __call__(self, partition: int, chunks: Iterable[Batch], barrier: Any = None) -> Partial:
+        """One rank: ``barrier`` is the task's BarrierTaskContext (rank = partition id); ``None``
+        runs a ring of one (in-process arrays)."""
+        group, host = self.group(barrier)
         rank, size = group.rank, group.size
         link = None
         try:
@@ -85,6 +89,14 @@ class AllreduceTrainTask:
         finally:
             if link is not None:
                 link.close()
+
+    def group(self, barrier: Any) -> tuple[Group, str]:
+        """The ring's membership and this rank's address, from the barrier stage (Spark's
+        ``allGather``, bounded by the ring's timeout)."""
+        if barrier is None:
+            return SingleGroup(), "127.0.0.1"
+        group = BarrierGroup(barrier, self.ring.timeout)
+        return group, group.address()
 
     def _train(self, run: PartitionPass, chunks: Iterable[Batch], link: Any, rank: int, size: int) -> Partial:
         s, r, model, partition = self.settings, self.ring, run.model, run.partition

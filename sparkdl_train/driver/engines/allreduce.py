@@ -79,7 +79,7 @@ class AllreduceEngine(Engine):
             try:
                 partial, stats = run_epoch(
                     ctx, lambda p, s, r: AllreduceTrainTask(p, s, epoch, settings, rs, r),
-                    launch=lambda task, desc: train.barrier_map(task, desc, c.allreduce_timeout),
+                    launch=train.barrier_map,
                 )
                 break
             except WorkerError as exc:
