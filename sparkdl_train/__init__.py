@@ -3,9 +3,8 @@
 from .config import EngineConfig, FitConfig
 from .data.rdd import to_simple_rdd
 from .driver.preflight import check_executors
-from .driver.spark_model import SparkModel
+from .driver.spark_model import SparkModel, load_spark_model
 from .errors import ConfigError, DataError, FitCancelled, ModelError, SparkDLError, WorkerError
-from .saving import load_spark_model
 
 __version__ = "0.1.0"
 

@@ -10,19 +10,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .modes import modes
 
 FREQUENCIES = ("epoch", "batch")
 COMPRESSIONS = (None, "none", "fp16")
 LR_SCALINGS = ("none", "linear", "sqrt")
 NAN_POLICIES = ("fail", "skip", "ignore")
 CONF_PREFIX = "spark.sparkdl_train."
-
-
-def modes() -> tuple[str, ...]:
-    """The registered training modes (:mod:`sparkdl_train.driver.engines`)."""
-    from .driver.engines import modes as registered
-
-    return registered()
 
 
 def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:

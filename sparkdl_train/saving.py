@@ -1,4 +1,4 @@
-"""``SparkModel.save(path)`` / ``load_spark_model(path)``: the model and its training config.
+"""The files of ``SparkModel.save(path)`` / ``load_spark_model(path)``: the model and its training config.
 
 A saved SparkModel is a directory (on any filesystem Spark's Hadoop API reaches,
 see :mod:`sparkdl_train.fs`) holding
@@ -30,8 +30,10 @@ MODEL_FILE = "model.keras"
 META_FILE = "sparkdl_train.json"
 
 
-def save_spark_model(spark_model: Any, path: str, overwrite: bool = True, sc: Any = None) -> str:
-    """Write ``spark_model`` under ``path``; returns the fully qualified path."""
+def write_saved(path: str, model: Any, settings: dict[str, Any], overwrite: bool = True, sc: Any = None) -> str:
+    """Write ``model.keras`` and ``sparkdl_train.json`` (the format header plus ``settings``: the
+    SparkModel's explicit config, columns, custom object names, last fit) under ``path``; returns
+    the fully qualified path."""
     import keras
 
     from . import __version__
@@ -45,21 +47,16 @@ def save_spark_model(spark_model: Any, path: str, overwrite: bool = True, sc: An
         "format_version": FORMAT_VERSION,
         "sparkdl_train_version": __version__,
         "keras_version": keras.__version__,
-        "config": spark_model._explicit_config(),
-        "columns": spark_model._columns,
-        "custom_objects": sorted(spark_model.custom_objects),
-        "last_fit": spark_model.stats.as_dict() if spark_model.stats is not None else None,
+        **settings,
     }
-    ensure_optimizer_built(spark_model.model)  # so its (empty) slots are saved and reload without a warning
-    fs.write_bytes(join(path, MODEL_FILE), save_archive(spark_model.model))
+    ensure_optimizer_built(model)  # so its (empty) slots are saved and reload without a warning
+    fs.write_bytes(join(path, MODEL_FILE), save_archive(model))
     fs.write_bytes(meta_path, json.dumps(meta, indent=2, default=str).encode())
     return fs.qualified(path)
 
 
-def load_spark_model(path: str, custom_objects: dict[str, Any] | None = None, sc: Any = None) -> Any:
-    """A :class:`~sparkdl_train.SparkModel` saved with ``SparkModel.save(path)``."""
-    from .driver.spark_model import SparkModel
-
+def read_saved(path: str, custom_objects: dict[str, Any] | None = None, sc: Any = None) -> tuple[Any, dict[str, Any]]:
+    """The Keras model and the settings saved by :func:`write_saved` under ``path``."""
     fs = FileSystem(sc)
     try:
         meta = json.loads(fs.read_bytes(join(path, META_FILE)))
@@ -68,14 +65,11 @@ def load_spark_model(path: str, custom_objects: dict[str, Any] | None = None, sc
     if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
         raise ModelError(f"{fs.qualified(path)}: not a SparkModel saved by this version (format {meta.get('format')!r} "
                          f"version {meta.get('format_version')!r})")
-    config = dict(meta["config"])
     objs = dict(custom_objects or {})
     missing = [name for name in meta.get("custom_objects", []) if name not in objs]
     try:
-        model = load_model_bytes(fs.read_bytes(join(path, MODEL_FILE)), objs, config.get("safe_mode", True))
+        model = load_model_bytes(fs.read_bytes(join(path, MODEL_FILE)), objs, meta["config"].get("safe_mode", True))
     except Exception as exc:  # noqa: BLE001
         hint = f"; it was saved with custom objects {missing}: pass them as custom_objects=" if missing else ""
         raise ModelError(f"cannot load the Keras model of {fs.qualified(path)}: {type(exc).__name__}: {exc}{hint}") from exc
-    sm = SparkModel(model, custom_objects=objs, **config)
-    sm._columns.update(meta.get("columns") or {})
-    return sm
+    return model, meta

@@ -12,6 +12,7 @@ from ..data.adapters import DataAdapter
 from ..data.output import output_columns
 from ..errors import ConfigError, DataError
 from ..model_io import ModelPayload, check_compiled, serialize_model
+from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
 from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs
 from .inputs import make_adapter
@@ -141,9 +142,13 @@ class SparkModel:
         a directory on any filesystem Spark's Hadoop API reaches (``hdfs://``, ``s3a://``,
         ``file:``; no scheme: ``fs.defaultFS``, like Spark's own writers). Returns the
         qualified path. Load with :func:`sparkdl_train.load_spark_model`."""
-        from ..saving import save_spark_model
-
-        return save_spark_model(self, path, overwrite)
+        settings = {
+            "config": self._explicit_config(),
+            "columns": self._columns,
+            "custom_objects": sorted(self.custom_objects),
+            "last_fit": self.stats.as_dict() if self.stats is not None else None,
+        }
+        return write_saved(path, self._model, settings, overwrite)
 
     def _explicit_config(self) -> dict[str, Any]:
         return {k: v for k, v in self._overrides.items() if v is not None}
@@ -460,4 +465,14 @@ def _check_callbacks(callbacks: Sequence[Any] | None) -> None:
 def _spark_context(adapter: DataAdapter | None) -> Any:
     return adapter.spark_context() if adapter is not None else None
 
+
+def load_spark_model(path: str, custom_objects: dict[str, Any] | None = None, sc: Any = None) -> SparkModel:
+    """A :class:`SparkModel` saved with ``SparkModel.save(path)`` (any Hadoop-reachable path):
+    its Keras model, its explicitly given engine settings and its column mapping. Custom objects
+    are not stored (no pickle): pass them again, or register them with Keras."""
+    objs = dict(custom_objects or {})
+    model, meta = read_saved(path, objs, sc)
+    sm = SparkModel(model, custom_objects=objs, **dict(meta["config"]))
+    sm._columns.update(meta.get("columns") or {})
+    return sm
 
