@@ -9,14 +9,14 @@ def test_shard_gradients_average_to_the_full_batch_gradient(digits):
     import keras
     import tensorflow as tf
 
+    from sparkdl_train._compat import symbolic_build
     from sparkdl_train.worker.fused_step import FusedStep
-    from sparkdl_train.worker.steps import _build
 
     x, y, _, _ = digits
     x, y = x[:48], y[:48]
     model = make_mlp()
     model.compile(keras.optimizers.SGD(0.5), "sparse_categorical_crossentropy", metrics=["accuracy"])
-    _build(model, (x, y, None))
+    symbolic_build(model, (x, y, None))
     step = FusedStep(model, batch_size=32)
     # uneven shards, as on the last step of an epoch, plus a rank with nothing
     shards = [(x[:32], y[:32], None), (x[32:], y[32:], None)]

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .. import _compat
 from ..allreduce import ring
 from ..allreduce.barrier import BarrierGroup, SingleGroup
 from ..allreduce.transport import Group, PeerAborted, rendezvous
@@ -37,7 +38,6 @@ from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
 from .fused_step import FusedStep
 from .report import ReportSettings
-from .steps import _build
 from .tasks import PartitionPass, Ref, StepSettings, on_task_device
 
 
@@ -121,7 +121,7 @@ class AllreduceTrainTask:
             batch = next(batches, None)
             if batch is not None:
                 if local_steps == 0:
-                    _build(model, batch)
+                    _compat.symbolic_build(model, batch)
                 samples += step.gradients(batch, buf)
                 local_steps += 1
             else:

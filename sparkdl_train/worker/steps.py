@@ -16,10 +16,6 @@ from .. import _compat
 from ..data.batching import Batch, num_rows
 
 
-def _build(model: Any, batch: Batch) -> None:
-    _compat.symbolic_build(model, batch)
-
-
 def run_steps(
     model: Any,
     batches: Iterable[Batch],
@@ -34,7 +30,7 @@ def run_steps(
         if n == 0:
             continue
         if fn is None:
-            _build(model, batch)
+            _compat.symbolic_build(model, batch)
             if training:
                 model.make_train_function()
                 fn = model.train_function
