@@ -1,13 +1,29 @@
-"""Typed, validated configuration objects.
+"""Configuration, split by concern, with every setting declared once.
 
-Every field is checked in ``__post_init__`` so a bad value fails on the driver,
-with the argument's name, before any Spark job starts.
+A setting is one dataclass field made by :func:`setting`: its default, its
+``spark.sparkdl_train.*`` key, its :class:`Kind` (which parses the key's text and validates a
+value), the modes it applies to and its documentation. Everything else is derived from those
+declarations: validation, reading Spark conf, ``SparkModel``'s keyword arguments and their
+documentation, ``KerasEstimator``'s converters and the README's configuration table (a test
+checks that table against :func:`settings_markdown`).
+
+The groups:
+
+- :class:`CoreConfig`: the mode, its frequency, workers, seeds and timing of the fit as a whole;
+- :class:`DataConfig`: how executors read and screen their partitions;
+- :class:`ParameterServerConfig`: the driver's parameter server (every mode but ``allreduce``);
+- :class:`AllreduceConfig`: the barrier-mode ring allreduce.
+
+:class:`EngineConfig` holds one of each, resolved from defaults <- Spark conf <- explicit
+arguments, and remembers where each value came from (``sources``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+import difflib
+import functools
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from .errors import ConfigError
 from .modes import modes
@@ -17,152 +33,500 @@ COMPRESSIONS = (None, "none", "fp16")
 LR_SCALINGS = ("none", "linear", "sqrt")
 NAN_POLICIES = ("fail", "skip", "ignore")
 CONF_PREFIX = "spark.sparkdl_train."
+PS_MODES = ("synchronous", "asynchronous", "hogwild")
 
 
-def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+# -- kinds: parse a Spark-conf string, validate (and normalise) a value ------------------------
+class Kind:
+    """What values a setting takes. ``check`` raises :class:`ConfigError` naming the setting."""
+
+    optional = False
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def parse(self, raw: str) -> Any:
+        raise NotImplementedError
+
+    def valid(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def check(self, name: str, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
+        if not self.valid(value):
+            raise ConfigError(f"{name} must be {self.describe()}, got {value!r}")
+        return value
 
 
-def _bool(raw: str) -> bool:
-    low = raw.strip().lower()
-    if low not in ("true", "false"):
-        raise ValueError(raw)
-    return low == "true"
-
-
-_bool.__name__ = "boolean (true/false)"
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """How updates from workers are merged (``SparkModel(mode=..., frequency=...)``)."""
+class Int(Kind):
+    min: int | None = None
+    optional: bool = False
 
-    mode: str = "synchronous"
-    frequency: str | int | None = None  # None: "batch" for allreduce, "epoch" otherwise
-    num_workers: int | None = None
-    seed: int = 0
-    shuffle_buffer_size: int = 16384
-    worker_threads: int | None = None
-    safe_mode: bool = True
-    nan_policy: str = "fail"  # non-finite features/labels: fail the task, skip the rows, or ignore
-    # parameter server (modes other than synchronous/epoch)
-    staleness_bound: int | None = None
-    delta_scale: float | None = None  # async/hogwild: None -> 1 / workers
-    ps_host: str | None = None
-    ps_port: int = 0
-    round_timeout: float = 600.0
-    join_timeout: float = 30.0
-    connect_timeout: float = 30.0
-    idle_timeout: float = 21600.0
-    report_interval: float = 0.5  # seconds between a worker's live progress reports
-    log_interval: float = 10.0  # seconds between progress lines when stderr is no terminal (spark-submit, CI)
-    preflight: bool = True  # check once per application that executors can import sparkdl_train/keras/tensorflow
-    preflight_timeout: float = 300.0  # seconds the check waits for executors (they may be unpacking an archive)
-    sparse_embeddings: bool | None = None  # push/pull embedding rows, not whole tables (None: when possible)
-    # allreduce (barrier mode)
-    allreduce_timeout: float = 600.0  # a rank waits at most this long for a peer or the rendezvous
-    epoch_retries: int = 2  # allreduce: a failed barrier stage is re-run from the epoch's start this often
-    compression: str | None = None  # "fp16": gradients cross the wire as float16
-    lr_scaling: str = "none"  # "linear" (x ranks) or "sqrt" applied on the executors
+    def describe(self) -> str:
+        what = {None: "an integer", 0: "an integer >= 0", 1: "a positive integer"}.get(self.min, f"an integer >= {self.min}")
+        return what + (" or None" if self.optional else "")
+
+    def parse(self, raw: str) -> int:
+        return int(raw)
+
+    def valid(self, value: Any) -> bool:
+        return _is_int(value) and (self.min is None or value >= self.min)
+
+
+@dataclass(frozen=True)
+class Seconds(Kind):
+    optional: bool = False
+
+    def describe(self) -> str:
+        return "a positive number of seconds" + (" or None" if self.optional else "")
+
+    def parse(self, raw: str) -> float:
+        return float(raw)
+
+    def valid(self, value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+@dataclass(frozen=True)
+class Positive(Seconds):
+    def describe(self) -> str:
+        return "a positive number" + (" or None" if self.optional else "")
+
+
+@dataclass(frozen=True)
+class Bool(Kind):
+    optional: bool = False
+
+    def describe(self) -> str:
+        return "True, False or None" if self.optional else "True or False"
+
+    def parse(self, raw: str) -> bool:
+        low = raw.strip().lower()
+        if low not in ("true", "false"):
+            raise ValueError(raw)
+        return low == "true"
+
+    def valid(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Text(Kind):
+    optional: bool = False
+
+    def describe(self) -> str:
+        return "a string" + (" or None" if self.optional else "")
+
+    def parse(self, raw: str) -> str:
+        return raw
+
+    def valid(self, value: Any) -> bool:
+        return isinstance(value, str) and bool(value)
+
+
+@dataclass(frozen=True)
+class Port(Int):
+    def describe(self) -> str:
+        return "in [0, 65535] (0 picks a free port)"
+
+    def valid(self, value: Any) -> bool:
+        return _is_int(value) and 0 <= value < 65536
+
+
+@dataclass(frozen=True)
+class Choice(Kind):
+    """One of ``values`` (or of what ``values()`` returns, for lists that grow, like the modes)."""
+
+    values: Sequence[Any] | Callable[[], Sequence[Any]] = ()
+    what: str = "value"
+
+    def choices(self) -> Sequence[Any]:
+        return self.values() if callable(self.values) else self.values
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(repr(v) for v in self.choices())
+
+    def parse(self, raw: str) -> Any:
+        return None if raw.strip().lower() == "none" and None in self.choices() else raw.strip()
+
+    def valid(self, value: Any) -> bool:
+        return value in self.choices()
+
+    def check(self, name: str, value: Any) -> Any:
+        if not self.valid(value):
+            shown = ", ".join(str(v) for v in self.choices() if v is not None)
+            raise ConfigError(f"unknown {self.what} {value!r}; expected one of {shown}")
+        return value
+
+
+@dataclass(frozen=True)
+class Frequency(Kind):
+    optional: bool = True  # None: the mode's default
+
+    def describe(self) -> str:
+        return "'epoch', 'batch' or a positive number of batches"
+
+    def parse(self, raw: str) -> Any:
+        raw = raw.strip()
+        return int(raw) if raw.isdigit() else raw
+
+    def valid(self, value: Any) -> bool:
+        return value in FREQUENCIES or (_is_int(value) and value > 0)
+
+    def check(self, name: str, value: Any) -> Any:
+        if value is None or self.valid(value):
+            return value
+        raise ConfigError(f"unknown frequency {value!r}; expected 'epoch', 'batch' or a positive number of batches")
+
+
+# -- declarations -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setting:
+    """One setting: everything about it, in one place."""
+
+    name: str  # field in its group
+    arg: str  # keyword of SparkModel(...) / EngineConfig(...), also the attribute read through EngineConfig
+    key: str | None  # spark.sparkdl_train.<key>, None: argument only
+    kind: Kind
+    default: Any
+    doc: str
+    group: str
+    modes: tuple[str, ...] | None  # None: every mode
+    inert: tuple[Any, ...]  # values that change nothing (so they are accepted with any mode)
+    argument: bool  # an explicit parameter of SparkModel.__init__ (the others go through **settings)
+
+    @property
+    def conf_key(self) -> str | None:
+        return CONF_PREFIX + self.key if self.key else None
+
+    def parse(self, raw: str) -> Any:
+        try:
+            value = self.kind.parse(raw)
+        except ValueError:
+            raise ConfigError(f"{self.conf_key}={raw!r} is not {self.kind.describe()}") from None
+        try:
+            return self.kind.check(self.conf_key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.conf_key}={raw!r}: {exc}") from None
+
+
+def setting(key: str | None, default: Any, kind: Kind, doc: str, *, arg: str | None = None,
+            modes: tuple[str, ...] | None = None, inert: tuple[Any, ...] | None = None, argument: bool = True) -> Any:
+    """A dataclass field declaring a setting (the field's name and group are filled in by its group)."""
+    meta = {"key": key, "kind": kind, "doc": doc, "arg": arg, "modes": modes, "argument": argument,
+            "inert": inert if inert is not None else (default,)}
+    return field(default=default, metadata={"setting": meta})
+
+
+class _Group:
+    """A frozen dataclass of settings; validates every field with its kind."""
+
+    GROUP: ClassVar[str] = ""
+    MODES: ClassVar[tuple[str, ...] | None] = None  # the modes this whole group applies to
 
     def __post_init__(self) -> None:
-        if self.mode not in modes():
-            raise ConfigError(f"unknown mode {self.mode!r}; expected one of {', '.join(modes())}")
-        if self.frequency is None:
-            object.__setattr__(self, "frequency", "batch" if self.mode == "allreduce" else "epoch")
-        freq = self.frequency
-        if isinstance(freq, bool) or not (freq in FREQUENCIES or (isinstance(freq, int) and freq > 0)):
-            raise ConfigError(
-                f"unknown frequency {freq!r}; expected 'epoch', 'batch' or a positive number of batches"
-            )
-        _positive_int("num_workers", self.num_workers, allow_none=True)
-        _positive_int("worker_threads", self.worker_threads, allow_none=True)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
-        if isinstance(self.shuffle_buffer_size, bool) or not isinstance(self.shuffle_buffer_size, int) or self.shuffle_buffer_size < 0:
-            raise ConfigError(f"shuffle_buffer_size must be an integer >= 0, got {self.shuffle_buffer_size!r}")
-        if self.staleness_bound is not None:
-            if isinstance(self.staleness_bound, bool) or not isinstance(self.staleness_bound, int) or self.staleness_bound < 0:
-                raise ConfigError(f"staleness_bound must be an integer >= 0, got {self.staleness_bound!r}")
-            if self.mode != "asynchronous":
-                raise ConfigError(f"staleness_bound applies to mode='asynchronous' only, not {self.mode!r}")
-        if self.delta_scale is not None:
-            if isinstance(self.delta_scale, bool) or not isinstance(self.delta_scale, (int, float)) or not self.delta_scale > 0:
-                raise ConfigError(f"delta_scale must be a positive number, got {self.delta_scale!r}")
-            if self.mode not in ("asynchronous", "hogwild"):
-                raise ConfigError(f"delta_scale applies to modes 'asynchronous' and 'hogwild' only, not {self.mode!r}")
-        if isinstance(self.ps_port, bool) or not isinstance(self.ps_port, int) or not 0 <= self.ps_port < 65536:
-            raise ConfigError(f"ps_port must be in [0, 65535] (0 picks a free port), got {self.ps_port!r}")
-        for name in ("round_timeout", "join_timeout", "connect_timeout", "idle_timeout", "allreduce_timeout", "report_interval",
-                     "log_interval", "preflight_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        if isinstance(self.epoch_retries, bool) or not isinstance(self.epoch_retries, int) or self.epoch_retries < 0:
-            raise ConfigError(f"epoch_retries must be an integer >= 0, got {self.epoch_retries!r}")
-        if self.nan_policy not in NAN_POLICIES:
-            raise ConfigError(f"unknown nan_policy {self.nan_policy!r}; expected one of {', '.join(NAN_POLICIES)}")
-        if not isinstance(self.preflight, bool):
-            raise ConfigError(f"preflight must be True or False, got {self.preflight!r}")
-        if self.sparse_embeddings not in (None, True, False):
-            raise ConfigError(f"sparse_embeddings must be True, False or None, got {self.sparse_embeddings!r}")
-        if self.sparse_embeddings and self.mode == "allreduce":
-            raise ConfigError("sparse_embeddings applies to the parameter-server modes; mode='allreduce' averages dense gradients")
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(f"unknown compression {self.compression!r}; expected 'fp16' or None")
-        if self.lr_scaling not in LR_SCALINGS:
-            raise ConfigError(f"unknown lr_scaling {self.lr_scaling!r}; expected one of {', '.join(LR_SCALINGS)}")
-        if self.mode == "allreduce":
-            if freq != "batch":
-                raise ConfigError(
-                    f"mode 'allreduce' averages gradients every step; frequency must be 'batch', not {freq!r}"
-                )
-        elif self.compression not in (None, "none") or self.lr_scaling != "none":
-            raise ConfigError(f"compression and lr_scaling apply to mode='allreduce' only, not {self.mode!r}")
+        for s in self.settings():
+            object.__setattr__(self, s.name, s.kind.check(s.arg, getattr(self, s.name)))
 
     @classmethod
-    def from_spark_conf(cls, conf: Mapping[str, str], **overrides: Any) -> "EngineConfig":
-        """Defaults <- ``spark.sparkdl_train.*`` keys <- explicit arguments (non-None)."""
-        keys = {
-            "numWorkers": ("num_workers", int),
-            "seed": ("seed", int),
-            "shuffleBufferSize": ("shuffle_buffer_size", int),
-            "worker.threads": ("worker_threads", int),
-            "ps.host": ("ps_host", str),
-            "ps.port": ("ps_port", int),
-            "ps.stalenessBound": ("staleness_bound", int),
-            "ps.deltaScale": ("delta_scale", float),
-            "ps.roundTimeout": ("round_timeout", float),
-            "ps.connectTimeout": ("connect_timeout", float),
-            "ps.idleTimeout": ("idle_timeout", float),
-            "ps.joinTimeout": ("join_timeout", float),
-            "ps.sparseEmbeddings": ("sparse_embeddings", _bool),
-            "progress.interval": ("report_interval", float),
-            "progress.logInterval": ("log_interval", float),
-            "preflight": ("preflight", _bool),
-            "preflight.timeout": ("preflight_timeout", float),
-            "data.nanPolicy": ("nan_policy", str),
-            "allreduce.timeout": ("allreduce_timeout", float),
-            "allreduce.epochRetries": ("epoch_retries", int),
-            "allreduce.compression": ("compression", str),
-            "allreduce.lrScaling": ("lr_scaling", str),
-        }
-        values: dict[str, Any] = {}
-        for key, (name, conv) in keys.items():
-            raw = conf.get(CONF_PREFIX + key)
+    def settings(cls) -> tuple[Setting, ...]:
+        out = []
+        for f in fields(cls):
+            meta = f.metadata["setting"]
+            out.append(Setting(
+                name=f.name, arg=meta["arg"] or f.name, key=meta["key"], kind=meta["kind"],
+                default=None if f.default is MISSING else f.default, doc=meta["doc"], group=cls.GROUP,
+                modes=meta["modes"] or cls.MODES, inert=meta["inert"], argument=meta["argument"],
+            ))
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class CoreConfig(_Group):
+    """The fit as a whole: how updates merge, on how many workers, seeded how, timed how."""
+
+    GROUP: ClassVar[str] = "core"
+
+    mode: str = setting(
+        None, "synchronous", Choice(modes, "mode"),
+        "How workers' updates merge: 'synchronous', 'asynchronous' or 'hogwild' through a parameter server on the "
+        "driver, or 'allreduce': one Spark barrier stage per epoch, gradients averaged every step by a ring allreduce "
+        "between executors.")
+    frequency: Any = setting(
+        None, None, Frequency(),
+        "When workers send updates: 'epoch' (once per partition pass, the default), 'batch' (every step) or a number "
+        "of steps N. 'allreduce' is always 'batch'.")
+    num_workers: int | None = setting(
+        "numWorkers", None, Int(1, optional=True), "Training partitions (default: the cluster's default parallelism, "
+        "or the barrier slots for 'allreduce').")
+    seed: int = setting("seed", 0, Int(), "Seeds shuffling and the validation split.")
+    worker_threads: int | None = setting(
+        "worker.threads", None, Int(1, optional=True),
+        "TensorFlow threads per worker (default: cores / workers in local mode, spark.task.cpus on a cluster).")
+    safe_mode: bool = setting(None, True, Bool(), "Passed to keras.saving.load_model on the executors.")
+    host: str | None = setting(
+        "ps.host", None, Text(optional=True), "Address the driver's servers (parameter server, live reports) bind to "
+        "(default: spark.driver.host).", arg="ps_host", argument=False)
+    connect_timeout: float = setting(
+        "ps.connectTimeout", 30.0, Seconds(),
+        "Seconds a worker waits to connect to the parameter server, a ring peer or the driver's report server, and "
+        "that a fit waits for enough barrier slots.", argument=False)
+    report_interval: float = setting(
+        "progress.interval", 0.5, Seconds(), "Seconds between a worker's live progress reports.", argument=False)
+    log_interval: float = setting(
+        "progress.logInterval", 10.0, Seconds(),
+        "Seconds between progress lines when stderr is not a terminal (spark-submit, CI).", argument=False)
+    preflight: bool = setting(
+        "preflight", True, Bool(), "Check once per application that executors can import sparkdl_train, keras and "
+        "tensorflow (false: skip it).", argument=False)
+    preflight_timeout: float = setting(
+        "preflight.timeout", 300.0, Seconds(),
+        "Seconds the environment check waits for executors (they may be unpacking an archive).", argument=False)
+
+
+@dataclass(frozen=True)
+class DataConfig(_Group):
+    """How executors read, shuffle and screen their partitions."""
+
+    GROUP: ClassVar[str] = "data"
+
+    shuffle_buffer_size: int = setting(
+        "shuffleBufferSize", 16384, Int(0), "Rows held per worker when shuffling a partition's stream.")
+    nan_policy: str = setting(
+        "data.nanPolicy", "fail", Choice(NAN_POLICIES, "nan_policy"),
+        "What a NaN or infinite feature, label or weight does: 'fail' fails the fit naming the input, partition and "
+        "row; 'skip' drops such rows and counts them (skipped_rows in stats); 'ignore' feeds them unchecked.")
+
+
+@dataclass(frozen=True)
+class ParameterServerConfig(_Group):
+    """The parameter server on the driver (every mode but 'allreduce')."""
+
+    GROUP: ClassVar[str] = "ps"
+    MODES: ClassVar[tuple[str, ...]] = PS_MODES
+
+    port: int = setting("ps.port", 0, Port(), "Parameter-server port (0: a free port).", arg="ps_port", argument=False)
+    staleness_bound: int | None = setting(
+        "ps.stalenessBound", None, Int(0, optional=True),
+        "'asynchronous' only: a worker more than this many pushes ahead of the slowest waits (bounded staleness).",
+        modes=("asynchronous",))
+    delta_scale: float | None = setting(
+        "ps.deltaScale", None, Positive(optional=True),
+        "'asynchronous'/'hogwild' only: factor applied to each pushed delta (default 1 / num_workers, so K workers "
+        "together take one averaged step).", modes=("asynchronous", "hogwild"))
+    sparse_embeddings: bool | None = setting(
+        "ps.sparseEmbeddings", None, Bool(optional=True),
+        "Push only the embedding rows a worker's batches touched and pull only the rows its next batches look up, for "
+        "every Embedding fed straight from a model input (None: whenever there is one; False: whole tables).",
+        inert=(None, False))
+    round_timeout: float = setting(
+        "ps.roundTimeout", 600.0, Seconds(), "Seconds a synchronous round waits for every worker.", argument=False)
+    join_timeout: float = setting(
+        "ps.joinTimeout", 30.0, Seconds(), "Seconds the server waits for its threads when it shuts down.", argument=False)
+    idle_timeout: float = setting(
+        "ps.idleTimeout", 21600.0, Seconds(), "Seconds a worker connection may stay silent.", argument=False)
+
+
+@dataclass(frozen=True)
+class AllreduceConfig(_Group):
+    """The barrier-mode ring allreduce."""
+
+    GROUP: ClassVar[str] = "allreduce"
+    MODES: ClassVar[tuple[str, ...]] = ("allreduce",)
+
+    timeout: float = setting(
+        "allreduce.timeout", 600.0, Seconds(),
+        "Seconds a rank waits for a peer (rendezvous or data) before the fit fails naming that peer.",
+        arg="allreduce_timeout")
+    epoch_retries: int = setting(
+        "allreduce.epochRetries", 2, Int(0),
+        "Spark does not re-run a failed barrier stage, so when a rank is lost (worker killed, executor lost) the "
+        "epoch is re-run from its starting state, at most this many times; errors in the data or the model fail at once.")
+    compression: str | None = setting(
+        "allreduce.compression", None, Choice(COMPRESSIONS, "compression"),
+        "'fp16' sends gradients as float16 (half the bytes).", inert=(None, "none"))
+    lr_scaling: str = setting(
+        "allreduce.lrScaling", "none", Choice(LR_SCALINGS, "lr_scaling"),
+        "'linear' multiplies a constant learning rate by the number of ranks on the executors ('sqrt': by its square root).")
+
+
+GROUPS: dict[str, type[_Group]] = {g.GROUP: g for g in (CoreConfig, DataConfig, ParameterServerConfig, AllreduceConfig)}
+
+
+@functools.lru_cache(maxsize=None)
+def all_settings() -> tuple[Setting, ...]:
+    return tuple(s for g in GROUPS.values() for s in g.settings())
+
+
+@functools.lru_cache(maxsize=None)
+def _by_arg() -> dict[str, Setting]:
+    return {s.arg: s for s in all_settings()}
+
+
+def _applies(s: Setting, mode: str) -> bool:
+    return s.modes is None or mode in s.modes
+
+
+def _mode_list(s: Setting) -> str:
+    return "mode " + " and ".join(repr(m) for m in s.modes) if len(s.modes) < 3 else "the modes " + ", ".join(repr(m) for m in s.modes)
+
+
+# -- the resolved whole -------------------------------------------------------------------------
+class EngineConfig:
+    """The settings a fit runs with, by concern: ``core``, ``data``, ``ps``, ``allreduce``.
+
+    ``EngineConfig(**arguments)`` takes ``SparkModel``'s keyword names (``mode``,
+    ``staleness_bound``, ``allreduce_timeout``, ``ps_port``, ...); the same names read through
+    (``config.staleness_bound`` is ``config.ps.staleness_bound``). :meth:`resolve` layers them
+    over ``spark.sparkdl_train.*`` keys and the defaults; ``sources`` says which won for each.
+    An argument that has no effect in the chosen mode is refused (a key in Spark conf is not:
+    one ``spark-defaults.conf`` serves every mode).
+    """
+
+    __slots__ = ("core", "data", "ps", "allreduce", "sources")
+
+    def __init__(self, **arguments: Any):
+        self._build(arguments, {})
+
+    @classmethod
+    def resolve(cls, conf: Mapping[str, str] | None = None, **arguments: Any) -> "EngineConfig":
+        """Defaults <- ``spark.sparkdl_train.*`` keys in ``conf`` <- ``arguments`` (those not None)."""
+        from_conf: dict[str, Any] = {}
+        for s in all_settings():
+            raw = (conf or {}).get(s.conf_key) if s.key else None
             if raw is not None:
-                try:
-                    values[name] = conv(raw)
-                except ValueError:
-                    raise ConfigError(f"{CONF_PREFIX + key}={raw!r} is not a valid {conv.__name__}") from None
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+                from_conf[s.arg] = s.parse(raw)
+        self = cls.__new__(cls)
+        self._build({k: v for k, v in arguments.items() if v is not None}, from_conf)
+        return self
+
+    from_spark_conf = resolve  # the earlier name
+
+    def _build(self, arguments: dict[str, Any], from_conf: dict[str, Any]) -> None:
+        known = _by_arg()
+        unknown = [k for k in arguments if k not in known]
+        if unknown:
+            hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+            raise ConfigError("unknown setting" + ("s " if len(unknown) > 1 else " ") + ", ".join(
+                f"{k!r}" + (f" (did you mean {hints[k][0]!r}?)" if hints[k] else "") for k in unknown
+            ) + "; the settings are " + ", ".join(sorted(known)))
+        values = {**from_conf, **arguments}
+        sources = {arg: "argument" if arg in arguments else "spark conf" if arg in from_conf else "default" for arg in known}
+        groups = {}
+        for name, group in GROUPS.items():
+            kwargs = {s.name: values[s.arg] for s in group.settings() if s.arg in values}
+            groups[name] = group(**kwargs)
+        core = groups["core"]
+        if core.frequency is None:
+            object.__setattr__(core, "frequency", "batch" if core.mode == "allreduce" else "epoch")
+        if core.mode == "allreduce" and core.frequency != "batch":
+            raise ConfigError(f"mode 'allreduce' averages gradients every step; frequency must be 'batch', not {core.frequency!r}")
+        for arg in arguments:  # only explicit arguments: a cluster-wide key may be meant for other modes
+            s = known[arg]
+            if not _applies(s, core.mode) and arguments[arg] not in s.inert:
+                raise ConfigError(f"{arg} applies to {_mode_list(s)} only, not mode={core.mode!r}")
+        for name, group in groups.items():
+            object.__setattr__(self, name, group)
+        object.__setattr__(self, "sources", sources)
+
+    def __getattr__(self, name: str) -> Any:
+        s = _by_arg().get(name)
+        if s is None:
+            raise AttributeError(f"EngineConfig has no setting {name!r}")
+        return getattr(object.__getattribute__(self, s.group), s.name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("EngineConfig is frozen")
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, EngineConfig) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted((k, repr(v)) for k, v in self.to_dict().items())))
+
+    def __reduce__(self):
+        return (_rebuild, (self.to_dict(), self.sources))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every setting by its argument name."""
+        return {s.arg: getattr(getattr(self, s.group), s.name) for s in all_settings()}
+
+    def explicit(self) -> dict[str, Any]:
+        """The settings given as arguments (what ``SparkModel.save`` stores)."""
+        return {k: v for k, v in self.to_dict().items() if self.sources.get(k) == "argument"}
+
+    def rows(self) -> Iterator[tuple[str, str, Any, str]]:
+        """(group, argument, value, source) for every setting."""
+        for s in all_settings():
+            yield s.group, s.arg, getattr(getattr(self, s.group), s.name), self.sources.get(s.arg, "default")
+
+    def __repr__(self) -> str:
+        parts = []
+        for name in GROUPS:
+            group = getattr(self, name)
+            parts.append(f"{name}=" + repr(group))
+        return "EngineConfig(" + ", ".join(parts) + ")"
+
+    def describe(self) -> str:
+        """A table of every setting that will run, its value and where it came from."""
+        rows = [(f"{group}.{arg}", repr(value), source) for group, arg, value, source in self.rows()]
+        w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+        lines = [f"{'setting':<{w0}}  {'value':<{w1}}  source"]
+        lines += [f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
+        return "\n".join(lines)
+
+
+def _rebuild(values: dict[str, Any], sources: dict[str, str]) -> EngineConfig:
+    cfg = EngineConfig.__new__(EngineConfig)
+    explicit = {k: v for k, v in values.items() if sources.get(k) == "argument"}
+    implicit = {k: v for k, v in values.items() if sources.get(k) != "argument"}
+    cfg._build(explicit, implicit)
+    object.__setattr__(cfg, "sources", dict(sources))
+    return cfg
+
+
+def check_setting(arg: str, value: Any) -> Any:
+    """Validate one setting by its argument name (``KerasEstimator``'s params use this)."""
+    s = _by_arg().get(arg)
+    if s is None:
+        EngineConfig(**{arg: value})  # raises the unknown-setting error with its hint
+    return s.kind.check(arg, value)
+
+
+def argument_settings() -> tuple[Setting, ...]:
+    """The settings that are explicit keyword parameters of ``SparkModel``."""
+    return tuple(s for s in all_settings() if s.argument)
+
+
+def settings_markdown() -> str:
+    """The README's configuration table."""
+    rows = ["| argument | Spark conf key | default | applies to | meaning |", "| --- | --- | --- | --- | --- |"]
+    for s in all_settings():
+        allowed = s.modes
+        rows.append("| `{}` | {} | {} | {} | {} |".format(
+            s.arg, f"`{s.conf_key}`" if s.key else "", f"`{s.default!r}`",
+            "all modes" if allowed is None or tuple(allowed) == tuple(modes()) else ", ".join(f"`{m}`" for m in allowed),
+            s.doc.replace("|", "\\|"),
+        ))
+    return "\n".join(rows)
+
+
+def arguments_doc(indent: str = "        ") -> str:
+    """``Args:`` entries for the settings, for ``SparkModel``'s docstring."""
+    import textwrap
+
+    out = []
+    for s in all_settings():
+        key = f" Spark conf: ``{s.conf_key}``." if s.key else ""
+        text = textwrap.fill(f"{s.arg}: {s.doc}{key}", width=100, initial_indent=indent, subsequent_indent=indent + "    ")
+        out.append(text)
+    return "\n".join(out)
 
 
 @dataclass(frozen=True)
@@ -175,14 +539,20 @@ class FitConfig:
     validation_split: float = 0.0
     verbose: int = 1
     initial_epoch: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _positive_int("epochs", self.epochs)
-        _positive_int("batch_size", self.batch_size)
+        Int(1).check("epochs", self.epochs)
+        Int(1).check("batch_size", self.batch_size)
         if not isinstance(self.validation_split, (int, float)) or not 0.0 <= self.validation_split < 1.0:
             raise ConfigError(f"validation_split must be in [0, 1), got {self.validation_split!r}")
-        if isinstance(self.initial_epoch, bool) or not isinstance(self.initial_epoch, int) or not 0 <= self.initial_epoch <= self.epochs:
+        if not _is_int(self.initial_epoch) or not 0 <= self.initial_epoch <= self.epochs:
             raise ConfigError(f"initial_epoch must be in [0, epochs], got {self.initial_epoch!r}")
         if self.verbose not in (0, 1, 2, True, False):
             raise ConfigError(f"verbose must be 0, 1 or 2, got {self.verbose!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+if __name__ == "__main__":  # python -m sparkdl_train.config: the README's table
+    print(settings_markdown())

@@ -22,7 +22,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeightCol
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from .config import FREQUENCIES, modes
+from .config import all_settings, check_setting
 from .driver.spark_model import SparkModel
 from .errors import ConfigError
 from .fs import FileSystem, join
@@ -32,19 +32,34 @@ MODEL_FILE = "model.keras"
 
 
 def _mode(value: Any) -> str:
-    value = TypeConverters.toString(value)
-    if value not in modes():
-        raise ConfigError(f"unknown mode {value!r}; expected one of {', '.join(modes())}")
-    return value
+    return check_setting("mode", TypeConverters.toString(value))
 
 
 def _frequency(value: Any) -> str:
+    """The setting's values, kept as a string param; ``'auto'``: the mode's default (None)."""
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     value = TypeConverters.toString(value)
-    if value not in ("auto", *FREQUENCIES) and not (value.isdigit() and int(value) > 0):
-        raise ConfigError(f"unknown frequency {value!r}; expected 'auto', 'epoch', 'batch' or a positive number of batches")
+    if value != "auto":
+        check_setting("frequency", int(value) if value.isdigit() else value)
     return value
+
+
+# settings with a param of their own; every other setting goes through engineOptions
+_OWN_PARAMS = {"mode": "mode", "frequency": "frequency", "num_workers": "numWorkers", "seed": "seed"}
+
+
+def _engine_options(value: Any) -> dict[str, Any]:
+    value = dict(_json_value(value) or {})
+    for name, v in value.items():
+        if name in _OWN_PARAMS:
+            raise ConfigError(f"engineOptions: set {name!r} with the {_OWN_PARAMS[name]!r} param, not in engineOptions")
+        check_setting(name, v)
+    return value
+
+
+def _doc(arg: str) -> str:
+    return next(s.doc for s in all_settings() if s.arg == arg)
 
 
 def _json_value(value: Any) -> Any:
@@ -61,21 +76,18 @@ class _KerasParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeightCol):
         "columns per model input, for multi-input models: {input name: column or [columns]} or a list "
         "(one entry per input); overrides featuresCol", typeConverter=_json_value,
     )
-    mode = Param(Params._dummy(), "mode", "how updates merge: " + ", ".join(modes()), typeConverter=_mode)
-    frequency = Param(
-        Params._dummy(), "frequency",
-        "when workers push updates: 'epoch', 'batch', a number of batches, or 'auto' (the mode's default)",
-        typeConverter=_frequency,
-    )
+    mode = Param(Params._dummy(), "mode", _doc("mode"), typeConverter=_mode)
+    frequency = Param(Params._dummy(), "frequency", _doc("frequency") + " 'auto': the mode's default.", typeConverter=_frequency)
     epochs = Param(Params._dummy(), "epochs", "passes over the data", typeConverter=TypeConverters.toInt)
     batchSize = Param(Params._dummy(), "batchSize", "rows per step (per worker)", typeConverter=TypeConverters.toInt)
-    numWorkers = Param(Params._dummy(), "numWorkers", "training partitions; 0: the cluster's default parallelism", typeConverter=TypeConverters.toInt)
+    numWorkers = Param(Params._dummy(), "numWorkers", _doc("num_workers") + " 0: the default.", typeConverter=TypeConverters.toInt)
     validationSplit = Param(Params._dummy(), "validationSplit", "seeded random fraction held out for val_* metrics", typeConverter=TypeConverters.toFloat)
     verbose = Param(Params._dummy(), "verbose", "0: silent, 1: live progress bar, 2: a line per epoch", typeConverter=TypeConverters.toInt)
-    seed = Param(Params._dummy(), "seed", "seeds shuffling and the validation split", typeConverter=TypeConverters.toInt)
+    seed = Param(Params._dummy(), "seed", _doc("seed"), typeConverter=TypeConverters.toInt)
     engineOptions = Param(
         Params._dummy(), "engineOptions",
-        "further SparkModel arguments, e.g. {'staleness_bound': 4, 'compression': 'fp16'}", typeConverter=_json_value,
+        "further SparkModel settings by argument name, e.g. {'staleness_bound': 4, 'compression': 'fp16'} "
+        "(sparkdl_train.config lists them)", typeConverter=_engine_options,
     )
 
     def __init__(self) -> None:

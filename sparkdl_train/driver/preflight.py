@@ -121,10 +121,10 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False) 
     if timeout is None:
         from ..config import EngineConfig
 
-        cfg = EngineConfig.from_spark_conf(dict(sc.getConf().getAll()))
-        if not cfg.preflight:
+        cfg = EngineConfig.resolve(dict(sc.getConf().getAll()))
+        if not cfg.core.preflight:
             return []
-        timeout = cfg.preflight_timeout
+        timeout = cfg.core.preflight_timeout
     key = sc.applicationId
     with _lock:
         if key in _checked and not force:

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..config import EngineConfig, FitConfig
+from ..config import EngineConfig, FitConfig, arguments_doc
 from ..data.adapters import DataAdapter
 from ..data.output import output_columns
 from ..errors import ConfigError, DataError
@@ -35,44 +35,13 @@ class SparkModel:
 
     Args:
         model: a compiled, built ``keras.Model`` (Sequential, functional or subclassed).
-        mode: how workers' updates merge: ``'synchronous'``, ``'asynchronous'`` or
-            ``'hogwild'`` through a parameter server on the driver, or ``'allreduce'``:
-            one Spark barrier stage per epoch, gradients averaged every step by a
-            ring allreduce between executors (see the README for each rule).
-        frequency: when workers send updates: ``'epoch'`` (once per partition
-            pass, the default), ``'batch'`` (every step) or a number of steps N.
-            ``'allreduce'`` is always ``'batch'``.
-        staleness_bound: ``mode='asynchronous'`` only: a worker more than this many
-            pushes ahead of the slowest waits (bounded staleness).
-        delta_scale: asynchronous/hogwild only: factor applied to each pushed delta
-            (default ``1 / num_workers``, so K workers together take one averaged step).
-        sparse_embeddings: parameter-server modes: push only the embedding rows a
-            worker's batches touched and pull only the rows its next batches look up,
-            for every ``Embedding`` fed straight from a model input (``None``, the
-            default: whenever there is one; ``False``: whole tables).
-        num_workers: training partitions (default: the cluster's default parallelism).
         custom_objects: custom layers/losses/metrics the model uses.
-        seed: seeds shuffling and the validation split.
-        shuffle_buffer_size: rows held per worker when shuffling a partition's stream.
-        worker_threads: TensorFlow threads per worker (default: cores / workers in
-            local mode, ``spark.task.cpus`` on a cluster).
-        safe_mode: passed to ``keras.saving.load_model`` on executors.
-        compression: allreduce only: ``'fp16'`` sends gradients as float16 (half the bytes).
-        lr_scaling: allreduce only: ``'linear'`` multiplies a constant learning rate by the
-            number of ranks on the executors (``'sqrt'``: by its square root); default ``'none'``.
-        allreduce_timeout: allreduce only: seconds a rank waits for a peer (rendezvous or
-            data) before the fit fails naming that peer (default 600).
-        epoch_retries: allreduce only: Spark does not re-run a failed barrier stage, so when a
-            rank is lost (worker killed, executor lost) the engine re-runs the epoch from its
-            starting state, at most this many times (default 2); errors in the data or the
-            model fail at once.
-        nan_policy: what a NaN or infinite feature, label or weight does on the executors:
-            ``'fail'`` (default) fails the fit naming the input, partition and row; ``'skip'``
-            drops such rows and counts them (``skipped_rows`` in ``stats``); ``'ignore'``
-            feeds them to the model unchecked.
+{settings}
 
-    Values left at ``None`` are read from ``spark.sparkdl_train.*`` keys
-    (``numWorkers``, ``seed``, ``shuffleBufferSize``, ``worker.threads``).
+    Settings left at ``None`` come from their ``spark.sparkdl_train.*`` key, else their default;
+    ``**settings`` takes the ones without a parameter of their own (``ps_port``,
+    ``round_timeout``, ...). An argument that has no effect in the chosen mode is refused.
+    ``sm.config`` shows what a fit would run with and where each value came from.
     """
 
     def __init__(
@@ -85,7 +54,7 @@ class SparkModel:
         seed: int | None = None,
         shuffle_buffer_size: int | None = None,
         worker_threads: int | None = None,
-        safe_mode: bool = True,
+        safe_mode: bool | None = None,
         staleness_bound: int | None = None,
         delta_scale: float | None = None,
         compression: str | None = None,
@@ -94,33 +63,30 @@ class SparkModel:
         sparse_embeddings: bool | None = None,
         nan_policy: str | None = None,
         epoch_retries: int | None = None,
+        **settings: Any,
     ):
+        given = dict(locals())  # the parameters as passed; each one is a declared setting (config.py)
+        for name in ("self", "model", "custom_objects", "settings", "__class__"):
+            given.pop(name, None)
         check_compiled(model)
         self._model = model
-        self._overrides = dict(
-            mode=mode,
-            frequency=frequency,
-            num_workers=num_workers,
-            seed=seed,
-            shuffle_buffer_size=shuffle_buffer_size,
-            worker_threads=worker_threads,
-            safe_mode=safe_mode,
-            staleness_bound=staleness_bound,
-            delta_scale=delta_scale,
-            compression=compression,
-            lr_scaling=lr_scaling,
-            allreduce_timeout=allreduce_timeout,
-            sparse_embeddings=sparse_embeddings,
-            nan_policy=nan_policy,
-            epoch_retries=epoch_retries,
-        )
-        self.config = EngineConfig(**{k: v for k, v in self._overrides.items() if v is not None})
+        self._overrides = {k: v for k, v in {**given, **settings}.items() if v is not None}
+        EngineConfig(**self._overrides)  # a bad or misplaced argument fails here, naming it
         self.custom_objects = dict(custom_objects or {})
         self.stats: FitStats | None = None
         self._monitor: FitMonitor | None = None
         self._columns: dict[str, Any] = {"feature_cols": "features", "label_col": "label", "sample_weight_col": None}
 
     # -- public API ---------------------------------------------------------------
+    @property
+    def config(self) -> EngineConfig:
+        """The settings a fit started now would run with: this SparkModel's arguments over the
+        active SparkContext's ``spark.sparkdl_train.*`` keys over the defaults
+        (``sm.config.describe()`` lists each with its source)."""
+        from pyspark import SparkContext
+
+        return _resolve(SparkContext._active_spark_context, self._overrides)
+
     @property
     def model(self) -> Any:
         """The driver's Keras model; after ``fit`` it holds the trained weights."""
@@ -151,7 +117,7 @@ class SparkModel:
         return write_saved(path, self._model, settings, overwrite)
 
     def _explicit_config(self) -> dict[str, Any]:
-        return {k: v for k, v in self._overrides.items() if v is not None}
+        return dict(self._overrides)
 
     def cancel(self) -> None:
         """Cancel the running ``fit``'s Spark jobs (call from another thread); ``fit`` raises
@@ -222,15 +188,15 @@ class SparkModel:
         if val is not None:
             self._check_sample(val, "validation_data")
         threads = self._threads(train, launch.workers, config)
-        settings = StepSettings(batch_size=fit_cfg.batch_size, shuffle=fit_cfg.shuffle, shuffle_buffer_size=config.shuffle_buffer_size,
-                                seed=config.seed, threads=threads, nan_policy=config.nan_policy)
+        settings = StepSettings(batch_size=fit_cfg.batch_size, shuffle=fit_cfg.shuffle, shuffle_buffer_size=config.data.shuffle_buffer_size,
+                                seed=config.seed, threads=threads, nan_policy=config.data.nan_policy)
         self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                               master=sc.master if sc is not None else None, environment=environment)
         fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
         cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
                                           verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None)
-        progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, launch.workers, log_interval=config.log_interval)
-        monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.report_interval,
+        progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, launch.workers, log_interval=config.core.log_interval)
+        monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
                              live=fit_cfg.verbose == 1 or bool(callbacks))
         self._monitor = monitor
         loop = _EpochLoop(train, val, SharedRefs(payload), settings, fit_cfg, cb, progress, monitor, checkpointer)
@@ -330,7 +296,7 @@ class SparkModel:
         conf = self._conf(adapter)
         self._preflight(adapter, conf)
         self._check_sample(adapter, "data")
-        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf), nan_policy=conf.nan_policy)
+        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf), nan_policy=conf.data.nan_policy)
         refs = SharedRefs(payload)
         try:
             logs = evaluate_logs(self._model, adapter, refs, settings, "sparkdl_train evaluate")
@@ -382,33 +348,30 @@ class SparkModel:
         self._columns["sample_weight_col"] = sample_weight_col
 
     def _payload(self) -> ModelPayload:
-        return serialize_model(self._model, self.custom_objects, self.config.safe_mode)
+        return serialize_model(self._model, self.custom_objects, EngineConfig(**self._overrides).safe_mode)
 
     def _adapter(self, data: Any, labelled: bool, what: str) -> DataAdapter:
         return make_adapter(data, self._model, labelled=labelled, what=what, **self._columns)
 
     def _conf(self, adapter: DataAdapter | None = None) -> EngineConfig:
-        sc = _spark_context(adapter)
-        if sc is None:
-            return self.config
-        conf = dict(sc.getConf().getAll())
-        return EngineConfig.from_spark_conf(conf, **self._overrides)
+        """The settings this call runs with (over the data's SparkContext's conf, if any)."""
+        return _resolve(_spark_context(adapter), self._overrides)
 
     @staticmethod
     def _preflight(adapter: DataAdapter, engine: EngineConfig) -> list[dict[str, Any]] | None:
         """Once per Spark application: the executors can import this sparkdl_train, keras and
         tensorflow (:mod:`sparkdl_train.driver.preflight`), before any job runs our code there."""
         sc = _spark_context(adapter)
-        if sc is None or not engine.preflight:
+        if sc is None or not engine.core.preflight:
             return None
         from .preflight import check_executors
 
-        return check_executors(sc, timeout=engine.preflight_timeout)
+        return check_executors(sc, timeout=engine.core.preflight_timeout)
 
     @staticmethod
     def _threads(adapter: DataAdapter, workers: int, engine: EngineConfig) -> int | None:
-        if engine.worker_threads:
-            return engine.worker_threads
+        if engine.core.worker_threads:
+            return engine.core.worker_threads
         sc = _spark_context(adapter)
         if sc is None:
             return None
@@ -446,6 +409,13 @@ class _EpochLoop:
     progress: FitProgress
     monitor: FitMonitor
     checkpointer: Any = None
+
+
+SparkModel.__doc__ = SparkModel.__doc__.replace("{settings}", arguments_doc())
+
+
+def _resolve(sc: Any, overrides: dict[str, Any]) -> EngineConfig:
+    return EngineConfig.resolve(dict(sc.getConf().getAll()) if sc is not None else {}, **overrides)
 
 
 def _check_callbacks(callbacks: Sequence[Any] | None) -> None:

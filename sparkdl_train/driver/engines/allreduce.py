@@ -27,12 +27,12 @@ log = logging.getLogger(__name__)
 
 
 def check_learning_rate(model: Any, config: EngineConfig) -> None:
-    if config.lr_scaling == "none":
+    if config.allreduce.lr_scaling == "none":
         return
     lr = _compat.raw_learning_rate(model.optimizer)
     if lr is not None and callable(lr) and not hasattr(lr, "assign"):
         raise ConfigError(
-            f"lr_scaling={config.lr_scaling!r} needs a constant learning rate; the optimizer uses a "
+            f"lr_scaling={config.allreduce.lr_scaling!r} needs a constant learning rate; the optimizer uses a "
             "schedule: scale the schedule itself and leave lr_scaling='none'"
         )
 
@@ -47,7 +47,7 @@ class AllreduceEngine(Engine):
         if sc is None:  # in-process arrays: one rank
             return Launch(workers=config.num_workers or train.num_partitions(), barrier=True)
         workers = config.num_workers or barrier_slots(sc)
-        check_barrier_launch(sc, workers, config.connect_timeout)
+        check_barrier_launch(sc, workers, config.core.connect_timeout)
         if train.num_partitions() != workers:
             log.info("allreduce: repartitioning %d partitions into %d (one per rank; barrier stages cannot coalesce)",
                      train.num_partitions(), workers)
@@ -61,21 +61,21 @@ class AllreduceEngine(Engine):
 
     def stats(self) -> dict[str, Any]:
         c = self.config
-        return {"engine": "allreduce", "ranks": self.workers, "compression": c.compression or "none",
-                "lr_scaling": c.lr_scaling, **self.totals}
+        return {"engine": "allreduce", "ranks": self.workers, "compression": c.allreduce.compression or "none",
+                "lr_scaling": c.allreduce.lr_scaling, **self.totals}
 
     def train_epoch(self, ctx: EpochContext) -> tuple[dict[str, Any], EpochStats]:
         model, train, settings, epoch = ctx.model, ctx.train, ctx.settings, ctx.epoch
         c = self.config
         rs = RingSettings(
-            self.secret, timeout=c.allreduce_timeout, connect_timeout=c.connect_timeout,
-            compression=None if c.compression in (None, "none") else c.compression, lr_scaling=c.lr_scaling,
+            self.secret, timeout=c.allreduce.timeout, connect_timeout=c.core.connect_timeout,
+            compression=None if c.allreduce.compression in (None, "none") else c.allreduce.compression, lr_scaling=c.allreduce.lr_scaling,
         )
         # Spark never re-runs a failed barrier ResultStage, so the engine does: the driver's model
         # still holds the epoch's starting state (the last checkpoint), and a new stage starts
         # from it with a fresh rendezvous. Errors in the data or the model are not retried.
-        policy = FailurePolicy(max_retries=c.epoch_retries)
-        for attempt in range(c.epoch_retries + 1):
+        policy = FailurePolicy(max_retries=c.allreduce.epoch_retries)
+        for attempt in range(c.allreduce.epoch_retries + 1):
             try:
                 partial, stats = run_epoch(
                     ctx, lambda p, s, r: AllreduceTrainTask(p, s, epoch, settings, rs, r),
@@ -87,7 +87,7 @@ class AllreduceEngine(Engine):
                     raise
                 self.totals["epoch_retries"] += 1
                 log.warning("epoch %d: the barrier stage failed (%s); re-running it from the epoch's start (retry %d of %d)",
-                            epoch + 1, exc.message, attempt + 1, c.epoch_retries)
+                            epoch + 1, exc.message, attempt + 1, c.allreduce.epoch_retries)
         infos = list(partial.partitions.values())
         digests = {i.get("weights_sha256") for i in infos}
         if len(digests) != 1:

@@ -111,7 +111,7 @@ def default_workers(sc: Any, train: DataAdapter) -> int:
 
 def driver_host(config: EngineConfig, sc: Any) -> str:
     """The address driver-side servers bind and executors connect to."""
-    return config.ps_host or (sc.getConf().get("spark.driver.host") if sc is not None else None) or socket.gethostname()
+    return config.core.host or (sc.getConf().get("spark.driver.host") if sc is not None else None) or socket.gethostname()
 
 
 def evaluate_logs(model: Any, adapter: DataAdapter, refs: SharedRefs, settings: StepSettings, description: str) -> dict[str, float]:

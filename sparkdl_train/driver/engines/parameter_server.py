@@ -38,7 +38,7 @@ class ParameterServerEngine(Engine):
         if config.mode == "synchronous" and sc is not None:
             # every round waits for all workers: one without a slot would stall each round
             check_concurrent_slots(
-                sc, launch.workers, config.connect_timeout,
+                sc, launch.workers, config.core.connect_timeout,
                 f"mode='synchronous' with frequency={config.frequency!r} needs its {launch.workers} workers running "
                 "at once (each round waits for all of them)",
             )
@@ -49,26 +49,26 @@ class ParameterServerEngine(Engine):
         workers = self.workers
         host = driver_host(config, sc)
         self.secret = new_secret()
-        self.tables = find_tables(model) if config.sparse_embeddings is not False else ()
-        if config.sparse_embeddings and not self.tables:
+        self.tables = find_tables(model) if config.ps.sparse_embeddings is not False else ()
+        if config.ps.sparse_embeddings and not self.tables:
             log.warning("sparse_embeddings=True, but no embedding table reads its ids from a model input: all weights travel whole")
         weights = [w.numpy() for w in model.weights]
         self.state = ServerState(
             weights,
             config.mode,
-            staleness_bound=config.staleness_bound,
-            round_timeout=config.round_timeout,
-            join_timeout=config.join_timeout,
+            staleness_bound=config.ps.staleness_bound,
+            round_timeout=config.ps.round_timeout,
+            join_timeout=config.ps.join_timeout,
             sparse=[t.index for t in self.tables],
         )
         self.dense_bytes_per_push = dense_exchange_bytes(weights)
-        self.server = ParameterServer(self.state, host, self.secret, port=config.ps_port, idle_timeout=config.idle_timeout)
+        self.server = ParameterServer(self.state, host, self.secret, port=config.ps.port, idle_timeout=config.ps.idle_timeout)
         freq = config.frequency
         self.every = None if freq == "epoch" else 1 if freq == "batch" else int(freq)
         # Applied one by one, K full deltas move the model K times as far as one worker would:
         # by default scale them by 1/K so each update counts as one K-th of an averaged step.
         if config.mode in ("asynchronous", "hogwild"):
-            self.scale = config.delta_scale if config.delta_scale is not None else 1.0 / workers
+            self.scale = config.ps.delta_scale if config.ps.delta_scale is not None else 1.0 / workers
         else:
             self.scale = 1.0
 
@@ -103,7 +103,7 @@ class ParameterServerEngine(Engine):
         host, port = self.server.address
         ps = PSSettings(
             host, port, self.secret, self.every, scale=self.scale,
-            timeout=self.config.round_timeout + 60, connect_timeout=self.config.connect_timeout, tables=self.tables,
+            timeout=self.config.ps.round_timeout + 60, connect_timeout=self.config.core.connect_timeout, tables=self.tables,
         )
         self.state.begin_epoch(self.workers)
         partial, stats = run_epoch(ctx, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r))
