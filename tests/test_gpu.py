@@ -46,6 +46,33 @@ def test_placement_pins_the_task_to_its_gpu(monkeypatch):
     assert gpu.placement() == {}
 
 
+def test_the_device_is_passed_to_the_task_not_kept_in_module_state(monkeypatch):
+    """A task's device reaches its model by argument: the model cache keys on it, and the
+    task's statistics record the placement it ran under."""
+    from helpers import make_mlp
+
+    from sparkdl_train.model_io import serialize_model
+    from sparkdl_train.worker import runtime, tasks
+
+    assert not hasattr(runtime, "device")
+    payload = serialize_model(make_mlp(), {})
+    on_cpu = runtime.get_model(payload, "/CPU:0")
+    assert runtime.get_model(payload, "/CPU:0") is on_cpu and runtime.get_model(payload, None) is not on_cpu
+    seen = {}
+
+    class Task:
+        settings = tasks.StepSettings(batch_size=4)
+
+        @tasks.on_task_device
+        def __call__(self, partition, chunks, *, device=None):
+            seen["device"] = device
+            return tasks.Partial(partitions={partition: {}})
+
+    monkeypatch.setattr(gpu, "placement", lambda: {"gpus": ["0"], "cuda_ordinals": [0], "device": "/CPU:0"})
+    out = Task()(3, [])
+    assert seen["device"] == "/CPU:0" and out.partitions[3]["device"] == "/CPU:0"
+
+
 
 @pytest.mark.slow
 def test_tasks_read_their_gpus_from_spark_on_local_cluster():

@@ -65,14 +65,14 @@ class AllreduceTrainTask:
     report: ReportSettings | None = None
 
     @on_task_device
-    def __call__(self, partition: int, chunks: Iterable[Batch], barrier: Any = None) -> Partial:
+    def __call__(self, partition: int, chunks: Iterable[Batch], barrier: Any = None, *, device: str | None = None) -> Partial:
         """One rank: ``barrier`` is the task's BarrierTaskContext (rank = partition id); ``None``
         runs a ring of one (in-process arrays)."""
         group, host = self.group(barrier)
         rank, size = group.rank, group.size
         link = None
         try:
-            run = PartitionPass(self.payload, self.state, self.settings, partition, epoch=self.epoch, report=self.report)
+            run = PartitionPass(self.payload, self.state, self.settings, partition, device=device, epoch=self.epoch, report=self.report)
             link = rendezvous(group, self.ring.host or host, self.ring.secret, self.ring.timeout, self.ring.connect_timeout)
             return self._train(run, chunks, link, rank, size)
         except PeerAborted as exc:

@@ -47,8 +47,8 @@ class PSTrainTask:
     report: ReportSettings | None = None
 
     @on_task_device
-    def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
-        run = PartitionPass(self.payload, self.state, self.settings, partition, epoch=self.epoch, report=self.report)
+    def __call__(self, partition: int, chunks: Iterable[Batch], *, device: str | None = None) -> Partial:
+        run = PartitionPass(self.payload, self.state, self.settings, partition, device=device, epoch=self.epoch, report=self.report)
         model, ps = run.model, self.ps  # optimizer slots from the driver's broadcast
         ahead = Lookahead(run.batches(chunks))
         sync = TableSync(model, ps.tables)  # with no tables every weight travels whole

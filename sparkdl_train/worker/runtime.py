@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 _MAX_CACHED_MODELS = 2
 _models: "OrderedDict[str, Any]" = OrderedDict()
 _threads: int | None = None
-device: str | None = None  # the running task's TensorFlow device (see sparkdl_train.worker.gpu)
 
 
 def prepare_process(threads: int | None) -> None:
@@ -40,8 +39,9 @@ def prepare_process(threads: int | None) -> None:
         log.debug("TensorFlow already initialised; keeping its thread pools")
 
 
-def get_model(payload: ModelPayload) -> Any:
-    """The model for ``payload``, rebuilt once per Python worker process."""
+def get_model(payload: ModelPayload, device: str | None = None) -> Any:
+    """The model for ``payload`` with its variables on ``device`` (a TensorFlow device name,
+    ``None``: TensorFlow's default), rebuilt once per Python worker process and device."""
     key = f"{payload.digest}@{device}"  # variables live on the device they were built on
     model = _models.get(key)
     if model is not None:

@@ -95,25 +95,22 @@ def _info(samples: int, steps: int, start: float) -> dict[str, Any]:
 @contextlib.contextmanager
 def placed(settings: StepSettings):
     """Prepare the process, then run under the task's GPU (if Spark assigned one); yields the
-    placement (``{}`` without GPUs)."""
+    placement (``{}`` without GPUs; its ``"device"`` is what the task's model is built on)."""
     runtime.prepare_process(settings.threads)
     place = gpu.placement()
-    old, runtime.device = runtime.device, place.get("device")
-    try:
-        with gpu.scope(runtime.device):
-            yield place
-    finally:
-        runtime.device = old
+    with gpu.scope(place.get("device")):
+        yield place
 
 
 def on_task_device(call):
-    """Decorates a task's ``__call__(partition, chunks, ...)``: runs it under :func:`placed` and
-    records the placement in the partition's statistics."""
+    """Decorates a task's ``__call__(partition, chunks, ..., *, device)``: runs it under
+    :func:`placed`, passes the device it was given, and records the placement in the
+    partition's statistics."""
 
     @functools.wraps(call)
     def wrapper(self, partition, *args, **kwargs):
         with placed(self.settings) as place:
-            out = call(self, partition, *args, **kwargs)
+            out = call(self, partition, *args, device=place.get("device"), **kwargs)
         if place and isinstance(out, Partial):
             for info in out.partitions.values():
                 info.update(place)
@@ -122,9 +119,9 @@ def on_task_device(call):
     return wrapper
 
 
-def _model(payload: Ref, state: Ref, settings: StepSettings) -> Any:
+def _model(payload: Ref, state: Ref, settings: StepSettings, device: str | None) -> Any:
     runtime.prepare_process(settings.threads)
-    model = runtime.get_model(payload.value)
+    model = runtime.get_model(payload.value, device)
     apply_state(model, state.value)
     return model
 
@@ -141,13 +138,14 @@ class PartitionPass:
     (:mod:`.allreduce_task`).
     """
 
-    def __init__(self, payload: Ref, state: Ref, settings: StepSettings, partition: int, *,
+    def __init__(self, payload: Ref, state: Ref, settings: StepSettings, partition: int, *, device: str | None = None,
                  epoch: int | None = None, report: ReportSettings | None = None, training: bool = True):
         self.start = time.perf_counter()
         self.settings = settings
         self.partition = partition
         self.training = training
-        self.model = _model(payload, state, settings)
+        self.device = device
+        self.model = _model(payload, state, settings, device)
         self.model.reset_metrics()  # metrics accumulate from zero over this partition
         self.rng = np.random.default_rng([settings.seed, epoch, partition]) if epoch is not None else None
         self.screen = Screen(settings.nan_policy, partition, self.model)
@@ -188,8 +186,8 @@ class TrainEpochTask:
     report: ReportSettings | None = None
 
     @on_task_device
-    def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
-        run = PartitionPass(self.payload, self.state, self.settings, partition, epoch=self.epoch, report=self.report)
+    def __call__(self, partition: int, chunks: Iterable[Batch], *, device: str | None = None) -> Partial:
+        run = PartitionPass(self.payload, self.state, self.settings, partition, device=device, epoch=self.epoch, report=self.report)
         samples, steps = run.run(chunks)
         info = run.info(samples, steps)
         if samples == 0:
@@ -212,8 +210,8 @@ class EvaluateTask:
     settings: StepSettings
 
     @on_task_device
-    def __call__(self, partition: int, chunks: Iterable[Batch]) -> Partial:
-        run = PartitionPass(self.payload, self.state, self.settings, partition, training=False)
+    def __call__(self, partition: int, chunks: Iterable[Batch], *, device: str | None = None) -> Partial:
+        run = PartitionPass(self.payload, self.state, self.settings, partition, device=device, training=False)
         samples, steps = run.run(chunks)
         metrics = get_metric_state(run.model) if samples else None
         return Partial(samples=samples, batches=steps, metrics=metrics, partitions={partition: run.info(samples, steps)})
@@ -228,8 +226,8 @@ class PredictTask:
     settings: StepSettings
 
     def model(self) -> Any:
-        with placed(self.settings):
-            return _model(self.payload, self.state, self.settings)
+        with placed(self.settings) as place:
+            return _model(self.payload, self.state, self.settings, place.get("device"))
 
     def predict(self, model: Any, x: Any) -> Any:
         with placed(self.settings):
