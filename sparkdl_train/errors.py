@@ -24,6 +24,16 @@ class FitCancelled(SparkDLError):
     e.g. from the Spark UI, ``SparkModel.cancel()`` or ``sc.cancelJobGroup``)."""
 
 
+class ServerStopped(SparkDLError):
+    """The driver's parameter server shut down while a worker waited on it (the fit failed,
+    was cancelled or stopped)."""
+
+
+class ConsistencyError(SparkDLError):
+    """Workers that must agree did not: allreduce ranks ended an epoch with different weights,
+    or a rank reported no state."""
+
+
 class WorkerError(SparkDLError):
     """One or more workers failed; carries the per-rank tracebacks.
 

@@ -13,8 +13,8 @@ import socket
 import threading
 from typing import Any
 
+from . import net
 from .errors import ConfigError
-from .ps import protocol as P
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +122,13 @@ class AuthServer:
         worker = None
         try:
             try:
-                worker = P.server_handshake(conn, self._secret, self.handshake_timeout, self.ok_meta())
-            except (P.ProtocolError, OSError) as exc:
+                worker = net.server_handshake(conn, self._secret, self.handshake_timeout, self.ok_meta())
+            except (net.ProtocolError, OSError) as exc:
                 self.rejected(peer, exc)
                 return
             conn.settimeout(self.idle_timeout)
             self.handle(conn, worker)
-        except (P.ProtocolError, ValueError) as exc:
+        except (net.ProtocolError, ValueError) as exc:
             log.warning("%s: dropping worker %s (%s): %s", self.kind, worker, peer, exc)
             self.try_error(conn, str(exc))
         except (OSError, RuntimeError) as exc:
@@ -145,6 +145,6 @@ class AuthServer:
     @staticmethod
     def try_error(conn: socket.socket, message: str) -> None:
         try:
-            P.send(conn, P.Msg.ERROR, {"error": message})
+            net.send(conn, net.Msg.ERROR, {"error": message})
         except OSError:
             pass

@@ -5,10 +5,24 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 REFERENCE_EPOCHS = 12
+
+
+def wait_until(condition, timeout=10.0, what="the condition", interval=0.02):
+    """Poll ``condition()`` until it is true (returns its value) or fail after ``timeout`` seconds:
+    tests synchronise on state, never on a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
 
 
 def make_mlp(seed=0, inputs=64, classes=10, lr=0.003):

@@ -10,11 +10,10 @@ import keras
 import numpy as np
 import pytest
 
-from sparkdl_train import SparkModel
+from sparkdl_train import SparkModel, net
 from sparkdl_train.config import EngineConfig
 from sparkdl_train.driver.engines.slots import check_barrier_launch
 from sparkdl_train.errors import ConfigError, DataError, ModelError, WorkerError
-from sparkdl_train.ps import protocol as P
 from sparkdl_train.ps.client import PSClient
 from sparkdl_train.ps.server import ParameterServer
 from sparkdl_train.ps.state import ServerState
@@ -253,7 +252,7 @@ CASES = [
     ("custom layer missing from custom_objects", _missing_custom_object, ModelError, ["Unregistered", "custom_objects"]),
     ("unbindable driver host", _unbindable_driver_host, ConfigError, ["203.0.113.9", "spark.driver.host"]),
     ("unknown driver host", _unknown_driver_host, ConfigError, ["no-such-host.invalid"]),
-    ("wrong secret", _wrong_secret, (P.AuthError, ConnectionError), ["authentication"]),
+    ("wrong secret", _wrong_secret, (net.AuthError, ConnectionError), ["authentication"]),
     ("validation_split out of range", _validation_split_range, ConfigError, ["validation_split"]),
     ("validation_split and validation_data", _validation_both, ConfigError, ["validation_data", "validation_split"]),
     ("bad spark.sparkdl_train value", _bad_conf_value, ConfigError, ["spark.sparkdl_train.seed", "forty-two"]),

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from helpers import wait_until
 
 from sparkdl_train.data.batching import num_rows, rebatch, rows_to_chunks
 
@@ -69,7 +70,6 @@ def test_rows_to_chunks_formats():
 
 def test_prefetch_keeps_order_bounds_the_queue_and_reraises_in_the_consumer():
     import threading
-    import time
 
     from sparkdl_train.data.prefetch import prefetch
 
@@ -87,12 +87,11 @@ def test_prefetch_keeps_order_bounds_the_queue_and_reraises_in_the_consumer():
     produced.clear()
     it = prefetch(items(100), depth=3)
     assert next(it) == 0
-    time.sleep(0.3)
+    wait_until(lambda: len(produced) >= 4, what="the producer to fill its queue")  # depth 3 + the one in hand
     assert len(produced) <= 5
     it.close()  # the consumer stops early: so does the producer thread
-    time.sleep(0.3)
+    wait_until(lambda: not any(t.name == "sparkdl_train-prefetch" for t in threading.enumerate()), what="the producer to stop")
     assert len(produced) <= 6
-    assert not any(t.name == "sparkdl_train-prefetch" for t in threading.enumerate())
     with pytest.raises(ValueError, match="bad row 7"):
         list(prefetch(items(20, fail_at=7), depth=2))
     assert list(prefetch(iter([1, 2]), depth=0)) == [1, 2]

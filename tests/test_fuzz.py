@@ -11,11 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from sparkdl_train import wire
+from sparkdl_train import net, wire
 from sparkdl_train.allreduce import ring
 from sparkdl_train.allreduce.local import ThreadGroup
 from sparkdl_train.allreduce.transport import DATA, FRAME, MAGIC, RingError, TcpLink, rendezvous
-from sparkdl_train.ps import protocol as P
 from sparkdl_train.ps.client import PSClient
 from sparkdl_train.ps.server import ParameterServer
 from sparkdl_train.ps.state import ServerState
@@ -80,16 +79,16 @@ def _frames() -> list[bytes]:
             out[-1] += bytes(data)
 
     for kind, meta, arrays in [
-        (P.Msg.HELLO, {"worker": 0, "nonce": "ab" * 16}, []),
-        (P.Msg.AUTH, {"proof": "00" * 32}, []),
-        (P.Msg.PULL, {"want": []}, []),
-        (P.Msg.PUSH, {"base_version": 0, "samples": 8}, [np.ones((4, 3), np.float32), np.ones(3, np.float32)]),
-        (P.Msg.PUSH, {"base_version": 3, "samples": 2, "rows": [0]},
+        (net.Msg.HELLO, {"worker": 0, "nonce": "ab" * 16}, []),
+        (net.Msg.AUTH, {"proof": "00" * 32}, []),
+        (net.Msg.PULL, {"want": []}, []),
+        (net.Msg.PUSH, {"base_version": 0, "samples": 8}, [np.ones((4, 3), np.float32), np.ones(3, np.float32)]),
+        (net.Msg.PUSH, {"base_version": 3, "samples": 2, "rows": [0]},
          [np.array([1, 2], np.int64), np.ones((2, 3), np.float32), np.ones(3, np.float32)]),
-        (P.Msg.DONE, {}, []),
+        (net.Msg.DONE, {}, []),
     ]:
         out.append(b"")
-        P.send(Sink(), kind, meta, arrays)
+        net.send(Sink(), kind, meta, arrays)
     return out
 
 
@@ -102,7 +101,7 @@ def _fuzz_connection(rng: random.Random, port: int, frames: list[bytes]) -> None
         s.settimeout(3)
         try:
             if rng.random() < 0.5:  # authenticate first, then misbehave
-                P.client_handshake(s, rng.randrange(4), SECRET)
+                net.client_handshake(s, rng.randrange(4), SECRET)
             for _ in range(rng.randint(1, 4)):
                 s.sendall(mutate(rng, rng.choice(frames)))
             if rng.random() < 0.5:
@@ -162,7 +161,7 @@ def test_ring_listener_ignores_fuzz_during_rendezvous():
             nonlocal hello
             hello += bytes(data)
 
-    P.send(Sink(), P.Msg.HELLO, {"rank": 0, "nonce": "cd" * 16})
+    net.send(Sink(), net.Msg.HELLO, {"rank": 0, "nonce": "cd" * 16})
 
     def gather_and_fuzz(message):
         out = original(message)
@@ -239,7 +238,7 @@ def test_protocol_recv_raises_only_protocol_errors(seed):
             b.sendall(mutate(rng, rng.choice(frames)))
             b.shutdown(socket.SHUT_WR)
             try:
-                kind, meta, arrays, _ = P.recv(a, 1 << 20)
+                kind, meta, arrays, _ = net.recv(a, 1 << 20)
                 assert isinstance(meta, dict)
-            except (P.ProtocolError, ConnectionError):
+            except (net.ProtocolError, ConnectionError):
                 pass

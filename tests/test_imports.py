@@ -83,3 +83,18 @@ def test_executor_side_modules_do_not_import_the_driver():
     for mod, deps in graph.items():
         if mod.startswith(("sparkdl_train.worker", "sparkdl_train.allreduce", "sparkdl_train.ps")):
             assert not [d for d in deps if d.startswith("sparkdl_train.driver")], (mod, deps)
+
+
+def test_one_networking_package_serves_every_server():
+    """Framing and the handshake live in sparkdl_train.net; the ring, the report server and
+    serving use it without importing the parameter server, and net needs only the wire format."""
+    graph = _graph()
+    users = ("sparkdl_train.allreduce.transport", "sparkdl_train.driver.reports", "sparkdl_train.worker.report",
+             "sparkdl_train.serving", "sparkdl_train.ps.server", "sparkdl_train.ps.client")
+    for mod in users:
+        assert any(d.startswith("sparkdl_train.net") for d in graph[mod]), mod
+        if not mod.startswith("sparkdl_train.ps"):
+            assert not [d for d in graph[mod] if d.startswith("sparkdl_train.ps")], (mod, graph[mod])
+    for mod, deps in graph.items():
+        if mod.startswith("sparkdl_train.net"):
+            assert deps <= {"sparkdl_train.wire", "sparkdl_train.net", "sparkdl_train.net.framing", "sparkdl_train.net.auth"}, (mod, deps)

@@ -103,10 +103,11 @@ def _tally(epoch, samples, loss):
 
 
 def test_without_a_terminal_verbose_1_writes_a_line_per_interval(capsys):
-    p = FitProgress(epochs=2, verbose=1, workers=2, log_interval=0.05, bar=False)
+    now = [100.0]  # the progress clock, moved by hand
+    p = FitProgress(epochs=2, verbose=1, workers=2, log_interval=10, bar=False, clock=lambda: now[0])
     p.epoch_begin(0)
     p.report(_tally(0, 1000, 0.5))  # before the first interval: nothing
-    time.sleep(0.06)
+    now[0] += 10
     p.report(_tally(0, 2000, 0.25))
     p.epoch_end(0, {"loss": 0.2}, 4000, 2.0)
     p.close()

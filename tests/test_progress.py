@@ -1,6 +1,7 @@
 """Live progress: worker reports, the per-epoch bar, Spark job descriptions/groups, cancellation."""
 
 import math
+import queue
 import threading
 import time
 
@@ -9,10 +10,9 @@ import numpy as np
 import pytest
 from helpers import make_mlp
 
-from sparkdl_train import SparkModel, to_simple_rdd
+from sparkdl_train import SparkModel, net, to_simple_rdd
 from sparkdl_train.driver.reports import EpochTally, Report, ReportServer, parse_report
 from sparkdl_train.errors import FitCancelled
-from sparkdl_train.ps import protocol as P
 from sparkdl_train.worker.report import Reporter, ReportSettings
 
 ENGINES = [("synchronous", None), ("asynchronous", 2), ("allreduce", None)]
@@ -48,7 +48,7 @@ def test_tally_keeps_latest_report_per_partition_and_weights_logs_by_samples():
     ],
 )
 def test_bad_reports_are_refused(meta, problem):
-    with pytest.raises(P.ProtocolError, match=problem):
+    with pytest.raises(net.ProtocolError, match=problem):
         parse_report(meta)
 
 
@@ -60,7 +60,7 @@ def _tiny_model():
 
 
 def test_report_server_authenticates_and_queues_reports_then_shuts_down():
-    secret = P.new_secret()
+    secret = net.new_secret()
     server = ReportServer("127.0.0.1", secret).start()
     model = _tiny_model()
     try:
@@ -73,8 +73,8 @@ def test_report_server_authenticates_and_queues_reports_then_shuts_down():
         intruder(1, 4, model)  # refused at the handshake: reporting stops, nothing raises
         assert intruder.sent == 0
         got = [server.events.get(timeout=10) for _ in range(3)]
-        time.sleep(0.2)
-        assert server.events.empty()
+        with pytest.raises(queue.Empty):  # the intruder's report never arrives
+            server.events.get(timeout=0.2)
         assert [(r.partition, r.samples, r.steps, r.done) for r in got] == [(5, 4, 1, False), (5, 8, 2, False), (5, 12, 3, True)]
         assert set(got[0].logs) == {"loss", "accuracy"}
         assert got[0].logs["loss"] == pytest.approx(float(model.get_metrics_result()["loss"]))
@@ -84,16 +84,16 @@ def test_report_server_authenticates_and_queues_reports_then_shuts_down():
 
 
 def test_report_server_drops_a_peer_sending_other_frames():
-    secret = P.new_secret()
+    secret = net.new_secret()
     server = ReportServer("127.0.0.1", secret).start()
     import socket
 
     try:
         with socket.create_connection(server.address, timeout=5) as s:
-            P.client_handshake(s, 0, secret)
-            P.send(s, P.Msg.PUSH, {"base_version": 0}, [np.zeros(3)])
-            kind, meta, _, _ = P.recv(s, 4096)
-            assert kind == P.Msg.ERROR and "REPORT" in meta["error"]
+            net.client_handshake(s, 0, secret)
+            net.send(s, net.Msg.PUSH, {"base_version": 0}, [np.zeros(3)])
+            kind, meta, _, _ = net.recv(s, 4096)
+            assert kind == net.Msg.ERROR and "REPORT" in meta["error"]
         assert server.received == 0
     finally:
         server.stop()

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+from sparkdl_train import net
 from sparkdl_train.driver.sparse import find_tables
 from sparkdl_train.ps import protocol as P
 from sparkdl_train.ps.client import PSClient
@@ -122,7 +123,7 @@ def test_rows_over_the_wire_cost_a_fraction_of_the_dense_push():
             assert dense > 2 * big.nbytes and used < 5000 and dense / used > 300
             v, full = c.pull()  # a plain pull still gets the whole table
             assert full[0].shape == (50_000, 8) and full[0][500, 0] == 1
-            with pytest.raises(P.ProtocolError, match="strictly increasing"):
+            with pytest.raises(net.ProtocolError, match="strictly increasing"):
                 c.push([SparseRows(ids[::-1].copy(), np.ones((100, 8), np.float32)), np.ones(16, np.float32)], v, 1)
     finally:
         srv.stop()
@@ -131,11 +132,11 @@ def test_rows_over_the_wire_cost_a_fraction_of_the_dense_push():
 
 def test_frames_announcing_the_wrong_number_of_arrays_are_refused():
     meta = {"rows": [0], "want": [0]}
-    with pytest.raises(P.ProtocolError, match="announces 4"):
+    with pytest.raises(net.ProtocolError, match="announces 4"):
         P.unpack_update(meta, [np.zeros(1)] * 3, 2)
-    with pytest.raises(P.ProtocolError, match="list of array indices"):
+    with pytest.raises(net.ProtocolError, match="list of array indices"):
         P.unpack_update({"rows": [5]}, [np.zeros(1)] * 3, 2)
-    with pytest.raises(P.ProtocolError, match="twice"):
+    with pytest.raises(net.ProtocolError, match="twice"):
         P.unpack_update({"rows": [0, 0]}, [np.zeros(1)] * 4, 2)
 
 
@@ -208,7 +209,7 @@ def test_sparse_embeddings_config_is_validated():
     from sparkdl_train import ConfigError
     from sparkdl_train.config import EngineConfig
 
-    with pytest.raises(ConfigError, match="mode='allreduce' averages dense gradients"):
+    with pytest.raises(ConfigError, match="sparse_embeddings applies to the modes .*only, not mode='allreduce'"):
         EngineConfig(mode="allreduce", sparse_embeddings=True)
     with pytest.raises(ConfigError, match="sparse_embeddings must be True, False or None"):
         EngineConfig(mode="asynchronous", sparse_embeddings="yes")

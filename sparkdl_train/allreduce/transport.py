@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
-from ..ps import protocol as auth
+from .. import net
 from .ring import DEFAULT_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -306,7 +306,7 @@ class Peer:
 
 
 def _proof(secret: bytes, role: str, session: bytes, a: bytes, b: bytes) -> str:
-    return auth.proof(secret, role.encode() + b"|" + session, a, b)
+    return net.proof(secret, role.encode() + b"|" + session, a, b)
 
 
 def listen(host: str) -> socket.socket:
@@ -334,7 +334,7 @@ def rendezvous(group: Group, host: str, secret: bytes, timeout: float, connect_t
     listener = listen(host)
     try:
         port = listener.getsockname()[1]
-        token = auth.new_nonce().hex()
+        token = net.new_nonce().hex()
         raw = group.all_gather(json.dumps({"host": host, "port": port, "token": token}))
         peers = _parse_peers(raw, size)
         session = hashlib.sha256("|".join(p.token for p in peers).encode()).digest()
@@ -376,26 +376,26 @@ def _connect(rank, size, listener, peers, secret, session, timeout, connect_time
     helper = threading.Thread(target=incoming, name=f"sparkdl_train-ring-accept-{rank}", daemon=True)
     try:
         out.settimeout(connect_timeout)
-        c_nonce = auth.new_nonce()
+        c_nonce = net.new_nonce()
         # 1. HELLO to the next rank (small: lands in its buffer, no waiting)
-        auth.send(out, auth.Msg.HELLO, {"rank": rank, "nonce": c_nonce.hex()})
+        net.send(out, net.Msg.HELLO, {"rank": rank, "nonce": c_nonce.hex()})
         helper.start()
         # 2. the next rank's challenge: check it knows the secret, prove we do
-        kind, meta, _, _ = auth.recv(out, auth.PREAUTH_MAX_BYTES)
-        auth.expect(auth.Msg.CHALLENGE, kind, meta)
+        kind, meta, _, _ = net.recv(out, net.PREAUTH_MAX_BYTES)
+        net.expect(net.Msg.CHALLENGE, kind, meta)
         n_nonce = bytes.fromhex(str(meta.get("nonce", "")))
-        auth.check_proof(_proof(secret, f"ring-server|{rank}|{nxt}", session, c_nonce, n_nonce), meta.get("proof"))
-        auth.send(out, auth.Msg.AUTH, {"proof": _proof(secret, f"ring-client|{rank}|{nxt}", session, n_nonce, c_nonce)})
+        net.check_proof(_proof(secret, f"ring-server|{rank}|{nxt}", session, c_nonce, n_nonce), meta.get("proof"))
+        net.send(out, net.Msg.AUTH, {"proof": _proof(secret, f"ring-client|{rank}|{nxt}", session, n_nonce, c_nonce)})
         # 3. the next rank accepted us
-        kind, meta, _, _ = auth.recv(out, auth.PREAUTH_MAX_BYTES)
-        auth.expect(auth.Msg.AUTH_OK, kind, meta)
+        kind, meta, _, _ = net.recv(out, net.PREAUTH_MAX_BYTES)
+        net.expect(net.Msg.AUTH_OK, kind, meta)
         helper.join(max(0.0, deadline - time.monotonic()) + 1.0)
         if helper.is_alive():
             raise RingTimeout(f"rank {rank}: rank {prev} did not authenticate within the connect timeout")
         if "error" in box:
             raise box["error"]
         inc = box["sock"]
-    except auth.AuthError as exc:
+    except net.AuthError as exc:
         _abandon(out, stop, helper, box)
         raise RingError(f"rank {rank}: ring authentication failed: {exc}") from None
     except (socket.timeout, TimeoutError) as exc:
@@ -427,14 +427,14 @@ def _accept_prev(listener, prev, rank, secret, session, deadline, stop) -> socke
     while True:
         inc, p_nonce, s_nonce = _accept(listener, prev, deadline, rank, stop)
         try:
-            auth.send(inc, auth.Msg.CHALLENGE, {
+            net.send(inc, net.Msg.CHALLENGE, {
                 "nonce": s_nonce.hex(),
                 "proof": _proof(secret, f"ring-server|{prev}|{rank}", session, p_nonce, s_nonce),
             })
-            kind, meta, _, _ = auth.recv(inc, auth.PREAUTH_MAX_BYTES)
-            auth.expect(auth.Msg.AUTH, kind, meta)
-            auth.check_proof(_proof(secret, f"ring-client|{prev}|{rank}", session, s_nonce, p_nonce), meta.get("proof"))
-            auth.send(inc, auth.Msg.AUTH_OK)
+            kind, meta, _, _ = net.recv(inc, net.PREAUTH_MAX_BYTES)
+            net.expect(net.Msg.AUTH, kind, meta)
+            net.check_proof(_proof(secret, f"ring-client|{prev}|{rank}", session, s_nonce, p_nonce), meta.get("proof"))
+            net.send(inc, net.Msg.AUTH_OK)
             return inc
         except (OSError, ValueError) as exc:  # ProtocolError and AuthError are ConnectionErrors
             log.warning("rank %d: dropped a connection claiming to be rank %d: %s", rank, prev, exc)
@@ -467,11 +467,11 @@ def _accept(listener: socket.socket, prev: int, deadline: float, rank: int, stop
             continue
         conn.settimeout(max(0.1, min(left, 10.0)))
         try:
-            kind, meta, _, _ = auth.recv(conn, auth.PREAUTH_MAX_BYTES)
-            if kind != auth.Msg.HELLO or meta.get("rank") != prev:
-                raise auth.ProtocolError(f"unexpected {kind.name} from {addr}")
+            kind, meta, _, _ = net.recv(conn, net.PREAUTH_MAX_BYTES)
+            if kind != net.Msg.HELLO or meta.get("rank") != prev:
+                raise net.ProtocolError(f"unexpected {kind.name} from {addr}")
             nonce = bytes.fromhex(str(meta.get("nonce", "")))
-            return conn, nonce, auth.new_nonce()
+            return conn, nonce, net.new_nonce()
         except (OSError, ValueError) as exc:
             log.warning("rank %d: dropped a connection from %s: %s", rank, addr, exc)
             conn.close()

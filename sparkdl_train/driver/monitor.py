@@ -26,7 +26,7 @@ import uuid
 from typing import Any, Callable, TypeVar
 
 from ..errors import FitCancelled
-from ..ps.protocol import new_secret
+from ..net import new_secret
 from ..worker.report import ReportSettings
 from .progress import FitProgress
 from .reports import EpochTally, ReportServer

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .reports import EpochTally
 
@@ -42,13 +42,15 @@ def _fmt(logs: dict[str, Any]) -> dict[str, str]:
 
 
 class FitProgress:
-    def __init__(self, epochs: int, verbose: int, workers: int, log_interval: float = 10.0, bar: bool | None = None):
+    def __init__(self, epochs: int, verbose: int, workers: int, log_interval: float = 10.0, bar: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.epochs = epochs
         self.verbose = int(verbose)
         self.workers = workers
         self.live = self.verbose == 1
         self.bar = self.live and (interactive() if bar is None else bar)  # else: lines every log_interval seconds
         self.log_interval = log_interval
+        self._clock = clock
         self._bar: Any = None
         self._expected: int | None = None  # the last full epoch's samples: the next bar's total
         self._epoch = 0
@@ -58,7 +60,7 @@ class FitProgress:
 
     def epoch_begin(self, epoch: int) -> None:
         self._epoch = epoch
-        self._started = time.monotonic()
+        self._started = self._clock()
         self._next_line = self._started + self.log_interval
         if not self.bar:
             return
@@ -71,7 +73,7 @@ class FitProgress:
 
     def report(self, tally: EpochTally) -> None:
         if self.live and not self.bar:
-            now = time.monotonic()
+            now = self._clock()
             if now >= self._next_line:
                 self._next_line = now + self.log_interval
                 rate = tally.samples / max(now - self._started, 1e-9)

@@ -7,6 +7,10 @@ latest report of each partition and aggregates them for the progress bar and
 for batch-level callbacks. Running metrics are combined as sample-weighted
 means of the workers' running values: exact for loss and accuracy-like means,
 an approximation for AUC (the epoch logs, from merged metric state, are exact).
+
+Workers authenticate (:mod:`sparkdl_train.net`) and then send one-way, metadata-only frames::
+
+    REPORT  {epoch, partition, samples, steps, logs: {name: float}, done}
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ps import protocol as P
+from .. import net
 from ..serving import AuthServer
 
 MAX_REPORT_BYTES = 65536
@@ -36,7 +40,7 @@ class Report:
 def _count(meta: dict[str, Any], key: str) -> int:
     v = meta.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise P.ProtocolError(f"REPORT needs a non-negative integer {key!r}, got {v!r}")
+        raise net.ProtocolError(f"REPORT needs a non-negative integer {key!r}, got {v!r}")
     return v
 
 
@@ -46,10 +50,10 @@ def parse_report(meta: dict[str, Any]) -> Report:
     if not isinstance(logs, dict) or not all(
         isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in logs.items()
     ):
-        raise P.ProtocolError("REPORT 'logs' must map metric names to numbers")
+        raise net.ProtocolError("REPORT 'logs' must map metric names to numbers")
     done = meta.get("done", False)
     if not isinstance(done, bool):
-        raise P.ProtocolError("REPORT 'done' must be a boolean")
+        raise net.ProtocolError("REPORT 'done' must be a boolean")
     return Report(
         epoch=_count(meta, "epoch"),
         partition=_count(meta, "partition"),
@@ -120,13 +124,13 @@ class ReportServer(AuthServer):
     def handle(self, conn: socket.socket, worker: int) -> None:
         while True:
             try:
-                kind, meta, arrays, _ = P.recv(conn, MAX_REPORT_BYTES)
-            except P.ProtocolError:
+                kind, meta, arrays, _ = net.recv(conn, MAX_REPORT_BYTES)
+            except net.ProtocolError:
                 raise
             except ConnectionError:  # a cancelled or failed task: its error reaches the driver through Spark
                 return
-            if kind != P.Msg.REPORT or arrays:
-                raise P.ProtocolError(f"the report server takes REPORT frames without arrays, got {kind.name}")
+            if kind != net.Msg.REPORT or arrays:
+                raise net.ProtocolError(f"the report server takes REPORT frames without arrays, got {kind.name}")
             report = parse_report(meta)
             self.received += 1
             self.events.put(report)

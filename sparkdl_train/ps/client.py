@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import net
 from . import protocol as P
 
 
@@ -16,7 +17,7 @@ class PSClient:
         self.max_frame_bytes = max_frame_bytes
         self.bytes_sent = 0
         self.bytes_received = 0
-        self._buffer = P.RecvBuffer()
+        self._buffer = net.RecvBuffer()
         try:
             self._sock = socket.create_connection((host, port), timeout=connect_timeout)
         except OSError as exc:
@@ -30,13 +31,13 @@ class PSClient:
         self._sock.settimeout(timeout)
 
     def _handshake(self, secret: bytes) -> None:
-        P.client_handshake(self._sock, self.worker, secret)
+        net.client_handshake(self._sock, self.worker, secret)
 
-    def _call(self, kind: P.Msg, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> tuple[int, list[np.ndarray]]:
-        self.bytes_sent += P.send(self._sock, kind, meta, arrays)
-        got, meta, arrays, n = P.recv(self._sock, self.max_frame_bytes, self._buffer)
+    def _call(self, kind: net.Msg, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> tuple[int, list[np.ndarray]]:
+        self.bytes_sent += net.send(self._sock, kind, meta, arrays)
+        got, meta, arrays, n = net.recv(self._sock, self.max_frame_bytes, self._buffer)
         self.bytes_received += n
-        P.expect(P.Msg.WEIGHTS, got, meta)
+        net.expect(net.Msg.WEIGHTS, got, meta)
         return int(meta["version"]), arrays
 
     def pull(self, want: dict[int, np.ndarray] | None = None) -> tuple[int, list[np.ndarray]]:
@@ -44,7 +45,7 @@ class PSClient:
         the rows with those ids. The arrays are read-only views into this client's
         receive buffer: valid until its next ``pull``/``push``."""
         keys, ids = P.pack_want(want)
-        return self._call(P.Msg.PULL, {"want": keys}, ids)
+        return self._call(net.Msg.PULL, {"want": keys}, ids)
 
     def push(
         self, delta: Sequence[Any], base_version: int, samples: int, want: dict[int, np.ndarray] | None = None
@@ -53,12 +54,12 @@ class PSClient:
         after applying it (after the round, in sync mode), with ``want`` as in :meth:`pull`."""
         rows, arrays = P.pack_update(delta)
         keys, ids = P.pack_want(want)
-        return self._call(P.Msg.PUSH, P.push_meta(base_version, samples, rows, keys), [*arrays, *ids])
+        return self._call(net.Msg.PUSH, P.push_meta(base_version, samples, rows, keys), [*arrays, *ids])
 
     def done(self) -> None:
-        self.bytes_sent += P.send(self._sock, P.Msg.DONE)
-        got, meta, _, _ = P.recv(self._sock, P.PREAUTH_MAX_BYTES)
-        P.expect(P.Msg.ACK, got, meta)
+        self.bytes_sent += net.send(self._sock, net.Msg.DONE)
+        got, meta, _, _ = net.recv(self._sock, net.PREAUTH_MAX_BYTES)
+        net.expect(net.Msg.ACK, got, meta)
 
     def close(self) -> None:
         self._sock.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 
+from .. import net
 from ..serving import AuthServer
 from . import protocol as P
 from .state import RoundTimeout, ServerState
@@ -59,27 +60,27 @@ class ParameterServer(AuthServer):
     def _loop(self, conn: socket.socket, worker: int) -> None:
         state = self.state
         n = len(state.shapes)
-        buffer = P.RecvBuffer()  # a delta is applied before the next frame overwrites it
+        buffer = net.RecvBuffer()  # a delta is applied before the next frame overwrites it
         while True:
-            kind, meta, arrays, size = P.recv(conn, self.max_frame_bytes, buffer)
+            kind, meta, arrays, size = net.recv(conn, self.max_frame_bytes, buffer)
             state.stats.add_bytes(received=size)
-            if kind == P.Msg.PULL:
+            if kind == net.Msg.PULL:
                 want = P.unpack_want(P.index_list(meta, "want", n), arrays)
                 reply = state.pull(want)
-            elif kind == P.Msg.PUSH:
+            elif kind == net.Msg.PUSH:
                 base, samples = meta.get("base_version"), meta.get("samples")
                 if not isinstance(base, int) or not isinstance(samples, int) or samples < 0:
-                    raise P.ProtocolError("PUSH needs integer base_version and samples")
+                    raise net.ProtocolError("PUSH needs integer base_version and samples")
                 delta, want = P.unpack_update(meta, arrays, n)
                 reply = state.push(worker, base, delta, samples, want)
-            elif kind == P.Msg.DONE:
+            elif kind == net.Msg.DONE:
                 state.leave(worker)
-                state.stats.add_bytes(sent=P.send(conn, P.Msg.ACK))
+                state.stats.add_bytes(sent=net.send(conn, net.Msg.ACK))
                 return
             else:
-                raise P.ProtocolError(f"unexpected {kind.name} from worker {worker}")
+                raise net.ProtocolError(f"unexpected {kind.name} from worker {worker}")
             try:
                 rows = sorted(want) if want else []
-                state.stats.add_bytes(sent=P.send(conn, P.Msg.WEIGHTS, {"version": reply.version, "rows": rows}, reply.arrays))
+                state.stats.add_bytes(sent=net.send(conn, net.Msg.WEIGHTS, {"version": reply.version, "rows": rows}, reply.arrays))
             finally:
                 state.release(reply)

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..errors import ServerStopped
 from ..merge import WeightedMean
 
 MODES = ("synchronous", "asynchronous", "hogwild")
@@ -185,6 +186,12 @@ class ServerState:
         self._round_acc = WeightedMean()
         self._round_pushed: set[int] = set()
         self._failed: str | None = None
+        self._waiting = 0  # pushes blocked in a round or by the staleness bound
+
+    def waiting(self) -> int:
+        """How many pushes are blocked right now (a synchronous round, the staleness bound)."""
+        with self._cond:
+            return self._waiting
 
     # -- epoch and membership ----------------------------------------------------------
     def begin_epoch(self, expected: int) -> None:
@@ -341,16 +348,21 @@ class ServerState:
         st.worker_samples[worker] = st.worker_samples.get(worker, 0) + samples
 
     def _wait(self, predicate, what: str) -> None:
+        """Caller holds the lock."""
         deadline = time.monotonic() + self.round_timeout
-        while not predicate():
-            if self._failed:
-                raise RuntimeError(f"parameter server stopped: {self._failed}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RoundTimeout(f"{what} timed out after {self.round_timeout:.0f} s")
-            self._cond.wait(min(left, 0.2))
-            if self.mode == "synchronous":
-                self._maybe_complete_round()
+        self._waiting += 1
+        try:
+            while not predicate():
+                if self._failed:
+                    raise ServerStopped(f"parameter server stopped: {self._failed}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RoundTimeout(f"{what} timed out after {self.round_timeout:.0f} s")
+                self._cond.wait(min(left, 0.2))
+                if self.mode == "synchronous":
+                    self._maybe_complete_round()
+        finally:
+            self._waiting -= 1
 
     def _push_async(self, worker, base_version, delta, rows, samples, want):
         with self._cond:

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .. import net
 from ..model_io import metrics_result
-from ..ps import protocol as P
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Reporter:
             if self._sock is None:
                 self._sock = socket.create_connection((s.host, s.port), timeout=s.timeout)
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                P.client_handshake(self._sock, self.partition, s.secret)
+                net.client_handshake(self._sock, self.partition, s.secret)
             meta = {
                 "epoch": s.epoch,
                 "partition": self.partition,
@@ -84,9 +84,9 @@ class Reporter:
                 "logs": scalar_logs(model) if samples else {},
                 "done": done,
             }
-            P.send(self._sock, P.Msg.REPORT, meta)
+            net.send(self._sock, net.Msg.REPORT, meta)
             self.sent += 1
-        except (OSError, P.ProtocolError) as exc:
+        except (OSError, net.ProtocolError) as exc:
             log.warning("partition %d: live progress reports to %s:%d stopped (%s); training goes on",
                         self.partition, s.host, s.port, exc)
             self.close()

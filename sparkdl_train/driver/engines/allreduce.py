@@ -14,10 +14,10 @@ from typing import Any
 from ... import _compat
 from ...config import EngineConfig
 from ...data.adapters import DataAdapter
-from ...errors import ConfigError, SparkDLError, WorkerError
+from ...errors import ConfigError, ConsistencyError, WorkerError
 from ...failures import Cause, FailurePolicy
 from ...model_io import metrics_result, set_metric_state, set_state
-from ...ps.protocol import new_secret
+from ...net import new_secret
 from ...worker.allreduce_task import AllreduceTrainTask, RingSettings
 from ..stats import EpochStats
 from .base import Engine, EpochContext, Launch, run_epoch
@@ -91,9 +91,9 @@ class AllreduceEngine(Engine):
         infos = list(partial.partitions.values())
         digests = {i.get("weights_sha256") for i in infos}
         if len(digests) != 1:
-            raise SparkDLError(f"epoch {epoch + 1}: allreduce ranks ended with different weights ({len(digests)} digests)")
+            raise ConsistencyError(f"epoch {epoch + 1}: allreduce ranks ended with different weights ({len(digests)} digests)")
         if partial.model.sums is None:
-            raise SparkDLError(f"epoch {epoch + 1}: rank 0 reported no state")
+            raise ConsistencyError(f"epoch {epoch + 1}: rank 0 reported no state")
         set_state(model, partial.model.result())
         set_metric_state(model, partial.metrics)
         self.totals["steps"] += max(i.get("global_steps", 0) for i in infos)

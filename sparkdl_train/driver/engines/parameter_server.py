@@ -15,7 +15,8 @@ from typing import Any
 from ...config import EngineConfig
 from ...data.adapters import DataAdapter
 from ...model_io import metrics_result, set_metric_state, set_optimizer_state
-from ...ps.protocol import dense_exchange_bytes, new_secret
+from ...net import new_secret
+from ...ps.protocol import dense_exchange_bytes
 from ...ps.server import ParameterServer
 from ...ps.state import ServerState
 from ...worker.ps_task import PSSettings, PSTrainTask
