@@ -1,26 +1,53 @@
-"""sparkdl_train: distributed Keras 3 training on Spark data pipelines."""
+"""sparkdl_train: distributed Keras 3 training on Spark data pipelines.
 
-from .config import EngineConfig, FitConfig
-from .data.rdd import to_simple_rdd
-from .driver.preflight import check_executors
-from .driver.spark_model import SparkModel, load_spark_model
-from .errors import ConfigError, ConsistencyError, DataError, FitCancelled, ModelError, ServerStopped, SparkDLError, WorkerError
+The names below load on first use, so importing the package (as every executor's Python worker
+and the worker daemon do) costs nothing until a name is needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+_EXPORTS = {
+    "ConfigError": "sparkdl_train.errors",
+    "ConsistencyError": "sparkdl_train.errors",
+    "DataError": "sparkdl_train.errors",
+    "EngineConfig": "sparkdl_train.config",
+    "FitCancelled": "sparkdl_train.errors",
+    "FitConfig": "sparkdl_train.config",
+    "ModelError": "sparkdl_train.errors",
+    "ServerStopped": "sparkdl_train.errors",
+    "SparkDLError": "sparkdl_train.errors",
+    "SparkModel": "sparkdl_train.driver.spark_model",
+    "WorkerError": "sparkdl_train.errors",
+    "check_executors": "sparkdl_train.driver.preflight",
+    "load_spark_model": "sparkdl_train.driver.spark_model",
+    "to_simple_rdd": "sparkdl_train.data.rdd",
+}
 __all__ = [
-    "ConfigError",
-    "ConsistencyError",
-    "DataError",
-    "EngineConfig",
-    "FitCancelled",
-    "FitConfig",
-    "ModelError",
-    "ServerStopped",
-    "SparkDLError",
-    "SparkModel",
-    "WorkerError",
-    "check_executors",
-    "load_spark_model",
-    "to_simple_rdd",
+    "ConfigError", "ConsistencyError", "DataError", "EngineConfig", "FitCancelled", "FitConfig", "ModelError",
+    "ServerStopped", "SparkDLError", "SparkModel", "WorkerError", "check_executors", "load_spark_model", "to_simple_rdd",
 ]
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from .config import EngineConfig, FitConfig
+    from .data.rdd import to_simple_rdd
+    from .driver.preflight import check_executors
+    from .driver.spark_model import SparkModel, load_spark_model
+    from .errors import ConfigError, ConsistencyError, DataError, FitCancelled, ModelError, ServerStopped, SparkDLError, WorkerError
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sparkdl_train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

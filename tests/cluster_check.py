@@ -24,6 +24,7 @@ def main(master: str) -> None:
         .config("spark.ui.enabled", "false")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "128")
+        .config("spark.python.daemon.module", "sparkdl_train.worker.daemon")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .getOrCreate()

@@ -43,6 +43,8 @@ def spark():
         # small Arrow batches so the streaming/rebatching path is exercised
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
         .config("spark.driver.memory", "2g")
+        # Python workers fork from a daemon that has TensorFlow imported already (README: Fast start)
+        .config("spark.python.daemon.module", "sparkdl_train.worker.daemon")
         # keep every socket (Spark's and the parameter server's) on loopback
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

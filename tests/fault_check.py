@@ -144,6 +144,7 @@ def main(master: str) -> None:
     spark = (
         SparkSession.builder.master(master).appName("sparkdl_train-faults")
         .config("spark.ui.enabled", "false")
+        .config("spark.python.daemon.module", "sparkdl_train.worker.daemon")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.executor.memory", "1g")

@@ -35,6 +35,7 @@ def main(master: str) -> None:
     spark = (
         SparkSession.builder.master(master).appName("sparkdl_train-gpu")
         .config("spark.ui.enabled", "false")
+        .config("spark.python.daemon.module", "sparkdl_train.worker.daemon")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.executor.memory", "1g")

@@ -10,6 +10,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 REFERENCE_EPOCHS = 12
+DAEMON = "sparkdl_train.worker.daemon"  # what ./run job and the shipped conf files use
 
 
 def wait_until(condition, timeout=10.0, what="the condition", interval=0.02):
@@ -70,7 +71,7 @@ def spark_submit(master, args, out, conf=(), archives=None, timeout=1200):
     cluster; otherwise this venv's Python (PYSPARK_PYTHON)."""
     spark_submit_bin = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    cmd = [spark_submit_bin, "--conf", "spark.ui.showConsoleProgress=false"]
+    cmd = [spark_submit_bin, "--conf", "spark.ui.showConsoleProgress=false", "--conf", f"spark.python.daemon.module={DAEMON}"]
     if master is not None:  # None: no --master at all, as `./run job` submits
         cmd[1:1] = ["--master", master]
     if archives:

@@ -98,3 +98,15 @@ def test_one_networking_package_serves_every_server():
     for mod, deps in graph.items():
         if mod.startswith("sparkdl_train.net"):
             assert deps <= {"sparkdl_train.wire", "sparkdl_train.net", "sparkdl_train.net.framing", "sparkdl_train.net.auth"}, (mod, deps)
+
+
+def test_the_package_exports_load_lazily_and_all_resolve():
+    """Importing sparkdl_train (every Python worker and the worker daemon do) loads none of its
+    modules; each exported name resolves."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sparkdl_train as s; loaded = sorted(m for m in sys.modules if m.startswith('sparkdl_train.')); "
+            "assert loaded == [], loaded; assert set(s.__all__) == set(s._EXPORTS); [getattr(s, n) for n in s.__all__]; "
+            "assert 'numpy' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

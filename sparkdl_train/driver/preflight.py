@@ -30,6 +30,7 @@ from ..errors import ConfigError
 log = logging.getLogger(__name__)
 
 MODULES = ("sparkdl_train", "keras", "tensorflow")
+ALSO = {"sparkdl_train": ("sparkdl_train.worker.tasks",)}
 FIX = (
     "Ship the driver's environment to the executors: build it with `./run pack` (sparkdl_env.tar.gz, a regular "
     "install of sparkdl_train and its dependencies) and submit with --archives sparkdl_env.tar.gz#environment "
@@ -58,6 +59,8 @@ def probe(index, _rows):
     for name in MODULES:
         try:
             mod = importlib.import_module(name)
+            for part in ALSO.get(name, ()):  # the package itself loads lazily: import what tasks run
+                importlib.import_module(part)
             out["modules"][name] = {"version": str(getattr(mod, "__version__", "")), "file": getattr(mod, "__file__", None)}
         except BaseException as exc:
             out["modules"][name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
@@ -69,7 +72,7 @@ _lock = threading.Lock()
 
 
 def _probe_function() -> Any:
-    namespace: dict[str, Any] = {"__name__": "sparkdl_train_executor_probe", "MODULES": MODULES}
+    namespace: dict[str, Any] = {"__name__": "sparkdl_train_executor_probe", "MODULES": MODULES, "ALSO": ALSO}
     exec(compile(_PROBE_SOURCE, "<sparkdl_train executor probe>", "exec"), namespace)  # noqa: S102 - our own source
     return namespace["probe"]
 

@@ -1,0 +1,69 @@
+"""A PySpark daemon that imports TensorFlow, Keras and sparkdl_train's executor code once, before
+it forks Python workers.
+
+Spark forks each Python worker from one daemon process per executor (per interpreter). With the
+stock daemon every new worker imports TensorFlow itself, 5 to 10 seconds of CPU, and Spark starts
+new workers more often than one expects: a task that stops reading its input early (``take``,
+``first``) ends its worker, and a fit wider than the idle pool forks more. With this daemon a new
+worker starts with everything already imported (shared copy-on-write with the daemon), so the
+first epoch of a fit costs what the later ones cost.
+
+Enable it where the executors' Python has sparkdl_train (the archive of ``./run pack``)::
+
+    spark.python.daemon.module  sparkdl_train.worker.daemon
+
+Importing TensorFlow starts no TensorFlow runtime (no thread pools, no devices): that happens in
+each worker at its first op, after :func:`sparkdl_train.worker.runtime.prepare_process` has sized
+its thread pools. A preload that fails is logged and the daemon serves as the stock one does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+PRELOAD = (
+    "tensorflow",
+    "keras",
+    "pyarrow",
+    "sparkdl_train.worker.tasks",
+    "sparkdl_train.worker.ps_task",
+    "sparkdl_train.worker.allreduce_task",
+    "sparkdl_train.data.arrow",
+)
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
+    """Import ``modules``; returns the ones that failed. Nothing reaches stdout, which carries
+    the daemon's port to the JVM."""
+    import importlib
+
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    failed = []
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)  # anything printed while importing goes to stderr (the executor's log)
+    try:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # noqa: BLE001 - the workers will import (and report) it themselves
+                failed.append(name)
+                print(f"sparkdl_train daemon: could not preload {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    return failed
+
+
+def main() -> None:
+    preload()
+    from pyspark import daemon
+
+    daemon.manager()
+
+
+if __name__ == "__main__":
+    main()

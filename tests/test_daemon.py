@@ -1,0 +1,37 @@
+"""The worker daemon (spark.python.daemon.module=sparkdl_train.worker.daemon): Python workers fork
+with TensorFlow already imported."""
+
+import os
+import sys
+
+from sparkdl_train.worker import daemon
+
+
+def test_preload_reports_failures_and_keeps_stdout_clean(capfd):
+    assert daemon.preload(("json", "sparkdl_train_no_such_module")) == ["sparkdl_train_no_such_module"]
+    out, err = capfd.readouterr()
+    assert out == ""  # stdout carries the daemon's port to the JVM
+    assert "could not preload sparkdl_train_no_such_module: ModuleNotFoundError" in err
+
+
+def test_session_workers_fork_from_the_preloading_daemon(sc):
+    """The test session uses the daemon (as the shipped conf files do): every Python worker is a
+    child of it and has TensorFlow and the executor modules before it runs any task code."""
+    assert sc.getConf().get("spark.python.daemon.module") == "sparkdl_train.worker.daemon"
+
+    def _worker_facts(index, rows):
+        import os
+        import sys
+
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            parent = f.read().replace(b"\0", b" ").decode()
+        yield {"pid": os.getpid(), "parent": parent, "tensorflow_loaded": "tensorflow" in sys.modules,
+               "tasks_loaded": "sparkdl_train.worker.tasks" in sys.modules}
+
+    facts = sc.parallelize(range(4), 4).mapPartitionsWithIndex(_worker_facts).collect()
+    assert len(facts) == 4
+    for f in facts:
+        assert "-m sparkdl_train.worker.daemon" in f["parent"], f
+        assert f["tensorflow_loaded"] and f["tasks_loaded"], f
+        assert f["pid"] != os.getpid()
+    assert sys.platform.startswith("linux")
