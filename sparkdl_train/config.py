@@ -374,7 +374,9 @@ def _applies(s: Setting, mode: str) -> bool:
 
 
 def _mode_list(s: Setting) -> str:
-    return "mode " + " and ".join(repr(m) for m in s.modes) if len(s.modes) < 3 else "the modes " + ", ".join(repr(m) for m in s.modes)
+    if len(s.modes) == 1:
+        return f"mode={s.modes[0]!r}"
+    return "modes " + " and ".join(repr(m) for m in s.modes) if len(s.modes) == 2 else "the modes " + ", ".join(repr(m) for m in s.modes)
 
 
 # -- the resolved whole -------------------------------------------------------------------------

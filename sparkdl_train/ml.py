@@ -41,7 +41,7 @@ def _frequency(value: Any) -> str:
         value = str(value)
     value = TypeConverters.toString(value)
     if value != "auto":
-        check_setting("frequency", int(value) if value.isdigit() else value)
+        check_setting("frequency", int(value) if value.isdigit() and int(value) > 0 else value)
     return value
 
 

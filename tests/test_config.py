@@ -70,9 +70,9 @@ def test_keys_for_other_modes_are_ignored_but_arguments_are_refused():
     conf = {CONF_PREFIX + "allreduce.compression": "fp16", CONF_PREFIX + "ps.stalenessBound": "2"}
     cfg = EngineConfig.resolve(conf, mode="hogwild")
     assert cfg.allreduce.compression == "fp16" and cfg.mode == "hogwild"
-    with pytest.raises(ConfigError, match=r"compression applies to mode 'allreduce' only, not mode='hogwild'"):
+    with pytest.raises(ConfigError, match=r"compression applies to mode='allreduce' only, not mode='hogwild'"):
         EngineConfig(mode="hogwild", compression="fp16")
-    with pytest.raises(ConfigError, match=r"epoch_retries applies to mode 'allreduce' only"):
+    with pytest.raises(ConfigError, match=r"epoch_retries applies to mode='allreduce' only"):
         EngineConfig(mode="asynchronous", epoch_retries=1)
     with pytest.raises(ConfigError, match=r"ps_port applies to the modes"):
         EngineConfig(mode="allreduce", ps_port=7000)
