@@ -80,3 +80,23 @@ def test_architecture_digest_ignores_weights(mlp):
     b = serialize_model(model)
     assert a.archive != b.archive and a.digest == b.digest
     assert serialize_model(mlp(lr=0.1)).digest != a.digest  # compile config is part of it
+
+
+def test_the_shipped_archive_is_reused_until_the_model_changes():
+    """fit, evaluate and predict of one model ship one archive (so executors keep their rebuilt,
+    traced model); a recompile or a learning-rate change builds a new one."""
+    import keras
+    from helpers import make_mlp
+
+    from sparkdl_train import SparkModel
+
+    model = make_mlp()
+    sm = SparkModel(model)
+    first = sm._payload()
+    model.fit(np.zeros((4, 64), "float32"), np.zeros(4, "int64"), verbose=0)  # weights change: same archive
+    assert sm._payload() is first
+    model.optimizer.learning_rate = 0.5
+    second = sm._payload()
+    assert second is not first and second.digest != first.digest
+    model.compile(keras.optimizers.Adam(0.5), "sparse_categorical_crossentropy", metrics=["accuracy", "sparse_top_k_categorical_accuracy"])
+    assert sm._payload() is not second

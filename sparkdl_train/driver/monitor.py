@@ -32,6 +32,7 @@ from .progress import FitProgress
 from .reports import EpochTally, ReportServer
 
 log = logging.getLogger(__name__)
+_WAKE = object()  # put in the report queue when an epoch's job ends
 
 T = TypeVar("T")
 
@@ -119,18 +120,23 @@ class FitMonitor:
         start = time.perf_counter()
         tally = EpochTally(epoch, self.workers)
         box: dict[str, Any] = {}
+        finished = threading.Event()
 
         def target() -> None:
             try:
                 box["result"] = action()
             except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                 box["error"] = exc
+            finally:
+                finished.set()
+                if self._server is not None:
+                    self._server.events.put(_WAKE)  # the dispatch loop stops waiting for reports now
 
         thread = self._thread(target)
         thread.start()
         try:
-            while thread.is_alive():
-                self._dispatch(tally, timeout=0.1)
+            while not finished.is_set():
+                self._dispatch(tally, timeout=0.1, finished=finished)
                 if self.model.stop_training and not self.stop_requested:
                     self.stop_requested = True
                     log.info("epoch %d: stop_training was set during the epoch; cancelling its Spark job", epoch + 1)
@@ -155,17 +161,20 @@ class FitMonitor:
             return InheritableThread(target, name=f"sparkdl_train-fit-{self.fit_id}", daemon=True)
         return threading.Thread(target=target, name=f"sparkdl_train-fit-{self.fit_id}", daemon=True)
 
-    def _dispatch(self, tally: EpochTally, timeout: float) -> None:
+    def _dispatch(self, tally: EpochTally, timeout: float, finished: threading.Event | None = None) -> None:
+        """Hand queued reports to the bar and the callbacks, waiting up to ``timeout`` for one
+        (returning as soon as ``finished`` is set)."""
         if self._server is None:
-            if timeout:
-                time.sleep(timeout)
+            if timeout and finished is not None:
+                finished.wait(timeout)
             return
         events = self._server.events
         changed = False
         try:
             report = events.get(timeout=timeout) if timeout else events.get_nowait()
             while True:
-                changed |= tally.add(report)
+                if report is not _WAKE:
+                    changed |= tally.add(report)
                 report = events.get_nowait()
         except queue.Empty:
             pass

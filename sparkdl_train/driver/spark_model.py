@@ -76,6 +76,7 @@ class SparkModel:
         self.stats: FitStats | None = None
         self._monitor: FitMonitor | None = None
         self._columns: dict[str, Any] = {"feature_cols": "features", "label_col": "label", "sample_weight_col": None}
+        self._shipped: tuple[Any, ModelPayload] | None = None  # (what the payload was built from, the payload)
 
     # -- public API ---------------------------------------------------------------
     @property
@@ -348,7 +349,17 @@ class SparkModel:
         self._columns["sample_weight_col"] = sample_weight_col
 
     def _payload(self) -> ModelPayload:
-        return serialize_model(self._model, self.custom_objects, EngineConfig(**self._overrides).safe_mode)
+        """The model as executors rebuild it. Built (and proven rebuildable) once per architecture,
+        compile settings and optimizer config: a later fit, evaluate or predict of the same model
+        ships the same archive, so reused Python workers keep their rebuilt, traced model; the
+        weights and optimizer state travel separately, every epoch."""
+        safe_mode = EngineConfig(**self._overrides).safe_mode
+        key = _shipping_key(self._model, self.custom_objects, safe_mode)
+        if key is not None and self._shipped is not None and self._shipped[0] == key:
+            return self._shipped[1]
+        payload = serialize_model(self._model, self.custom_objects, safe_mode)
+        self._shipped = (key, payload) if key is not None else None
+        return payload
 
     def _adapter(self, data: Any, labelled: bool, what: str) -> DataAdapter:
         return make_adapter(data, self._model, labelled=labelled, what=what, **self._columns)
@@ -412,6 +423,22 @@ class _EpochLoop:
 
 
 SparkModel.__doc__ = SparkModel.__doc__.replace("{settings}", arguments_doc())
+
+
+def _shipping_key(model: Any, custom_objects: dict[str, Any], safe_mode: bool) -> tuple | None:
+    """What a model's archive depends on besides its weights (``None``: unknown, rebuild every time)."""
+    import json
+
+    try:
+        return (
+            model.to_json(),
+            json.dumps(model.get_compile_config(), sort_keys=True, default=repr),
+            json.dumps(model.optimizer.get_config(), sort_keys=True, default=repr),
+            tuple(sorted((k, id(v)) for k, v in custom_objects.items())),
+            safe_mode,
+        )
+    except Exception:  # noqa: BLE001 - a model whose config cannot be read is simply re-serialized
+        return None
 
 
 def _resolve(sc: Any, overrides: dict[str, Any]) -> EngineConfig:
