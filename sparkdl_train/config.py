@@ -493,6 +493,19 @@ def _rebuild(values: dict[str, Any], sources: dict[str, str]) -> EngineConfig:
     return cfg
 
 
+def split_applicable(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(kept, dropped)``: the arguments that apply to their ``mode`` and those that do not (or
+    are unknown). For settings saved by an earlier version, which accepted both."""
+    known = _by_arg()
+    mode = arguments.get("mode") or CoreConfig().mode
+    kept, dropped = {}, {}
+    for k, v in arguments.items():
+        s = known.get(k)
+        ok = s is not None and (_applies(s, mode) or v in s.inert)
+        (kept if ok else dropped)[k] = v
+    return kept, dropped
+
+
 def check_setting(arg: str, value: Any) -> Any:
     """Validate one setting by its argument name (``KerasEstimator``'s params use this)."""
     s = _by_arg().get(arg)

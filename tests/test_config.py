@@ -125,3 +125,13 @@ def test_estimator_params_use_the_same_declarations():
         KerasEstimator(engineOptions={"seed": 3})
     sm = est.spark_model(make_mlp(), None)
     assert (sm.config.mode, sm.config.frequency, sm.config.ps.delta_scale, sm.config.ps.round_timeout) == ("hogwild", 4, 0.5, 60)
+
+
+def test_saved_settings_that_no_longer_apply_are_set_aside():
+    from sparkdl_train.config import split_applicable
+
+    kept, dropped = split_applicable({"mode": "asynchronous", "epoch_retries": 1, "staleness_bound": 2,
+                                      "compression": "none", "old_option": 3})
+    assert kept == {"mode": "asynchronous", "staleness_bound": 2, "compression": "none"}
+    assert dropped == {"epoch_retries": 1, "old_option": 3}
+    EngineConfig(**kept)

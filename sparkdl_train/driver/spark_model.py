@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..config import EngineConfig, FitConfig, arguments_doc
+from ..config import EngineConfig, FitConfig, arguments_doc, split_applicable
 from ..data.adapters import DataAdapter
 from ..data.output import output_columns
 from ..errors import ConfigError, DataError
@@ -469,7 +469,10 @@ def load_spark_model(path: str, custom_objects: dict[str, Any] | None = None, sc
     are not stored (no pickle): pass them again, or register them with Keras."""
     objs = dict(custom_objects or {})
     model, meta = read_saved(path, objs, sc)
-    sm = SparkModel(model, custom_objects=objs, **dict(meta["config"]))
+    settings, dropped = split_applicable(dict(meta["config"]))
+    if dropped:
+        log.warning("%s: ignoring saved settings that do not apply to mode %r: %s", path, settings.get("mode", "synchronous"), dropped)
+    sm = SparkModel(model, custom_objects=objs, **settings)
     sm._columns.update(meta.get("columns") or {})
     return sm
 
