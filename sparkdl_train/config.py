@@ -42,8 +42,12 @@ class Kind:
 
     optional = False
 
-    def describe(self) -> str:
+    def what(self) -> str:
+        """The values, in words (without ``None``)."""
         raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.what() + (" or None" if self.optional else "")
 
     def parse(self, raw: str) -> Any:
         raise NotImplementedError
@@ -68,9 +72,8 @@ class Int(Kind):
     min: int | None = None
     optional: bool = False
 
-    def describe(self) -> str:
-        what = {None: "an integer", 0: "an integer >= 0", 1: "a positive integer"}.get(self.min, f"an integer >= {self.min}")
-        return what + (" or None" if self.optional else "")
+    def what(self) -> str:
+        return {None: "an integer", 0: "an integer >= 0", 1: "a positive integer"}.get(self.min, f"an integer >= {self.min}")
 
     def parse(self, raw: str) -> int:
         return int(raw)
@@ -83,8 +86,8 @@ class Int(Kind):
 class Seconds(Kind):
     optional: bool = False
 
-    def describe(self) -> str:
-        return "a positive number of seconds" + (" or None" if self.optional else "")
+    def what(self) -> str:
+        return "a positive number of seconds"
 
     def parse(self, raw: str) -> float:
         return float(raw)
@@ -95,16 +98,16 @@ class Seconds(Kind):
 
 @dataclass(frozen=True)
 class Positive(Seconds):
-    def describe(self) -> str:
-        return "a positive number" + (" or None" if self.optional else "")
+    def what(self) -> str:
+        return "a positive number"
 
 
 @dataclass(frozen=True)
 class Bool(Kind):
     optional: bool = False
 
-    def describe(self) -> str:
-        return "True, False or None" if self.optional else "True or False"
+    def what(self) -> str:
+        return "True, False" if self.optional else "True or False"
 
     def parse(self, raw: str) -> bool:
         low = raw.strip().lower()
@@ -120,8 +123,8 @@ class Bool(Kind):
 class Text(Kind):
     optional: bool = False
 
-    def describe(self) -> str:
-        return "a string" + (" or None" if self.optional else "")
+    def what(self) -> str:
+        return "a string"
 
     def parse(self, raw: str) -> str:
         return raw
@@ -132,7 +135,7 @@ class Text(Kind):
 
 @dataclass(frozen=True)
 class Port(Int):
-    def describe(self) -> str:
+    def what(self) -> str:
         return "in [0, 65535] (0 picks a free port)"
 
     def valid(self, value: Any) -> bool:
@@ -144,12 +147,12 @@ class Choice(Kind):
     """One of ``values`` (or of what ``values()`` returns, for lists that grow, like the modes)."""
 
     values: Sequence[Any] | Callable[[], Sequence[Any]] = ()
-    what: str = "value"
+    noun: str = "value"  # "unknown <noun> ..."
 
     def choices(self) -> Sequence[Any]:
         return self.values() if callable(self.values) else self.values
 
-    def describe(self) -> str:
+    def what(self) -> str:
         return "one of " + ", ".join(repr(v) for v in self.choices())
 
     def parse(self, raw: str) -> Any:
@@ -161,7 +164,7 @@ class Choice(Kind):
     def check(self, name: str, value: Any) -> Any:
         if not self.valid(value):
             shown = ", ".join(str(v) for v in self.choices() if v is not None)
-            raise ConfigError(f"unknown {self.what} {value!r}; expected one of {shown}")
+            raise ConfigError(f"unknown {self.noun} {value!r}; expected one of {shown}")
         return value
 
 
@@ -169,8 +172,11 @@ class Choice(Kind):
 class Frequency(Kind):
     optional: bool = True  # None: the mode's default
 
-    def describe(self) -> str:
+    def what(self) -> str:
         return "'epoch', 'batch' or a positive number of batches"
+
+    def describe(self) -> str:
+        return self.what()  # None is the mode's default, not a value to offer
 
     def parse(self, raw: str) -> Any:
         raw = raw.strip()
@@ -182,7 +188,7 @@ class Frequency(Kind):
     def check(self, name: str, value: Any) -> Any:
         if value is None or self.valid(value):
             return value
-        raise ConfigError(f"unknown frequency {value!r}; expected 'epoch', 'batch' or a positive number of batches")
+        raise ConfigError(f"unknown frequency {value!r}; expected {self.what()}")
 
 
 # -- declarations -------------------------------------------------------------------------------
@@ -235,6 +241,7 @@ class _Group:
             object.__setattr__(self, s.name, s.kind.check(s.arg, getattr(self, s.name)))
 
     @classmethod
+    @functools.lru_cache(maxsize=None)
     def settings(cls) -> tuple[Setting, ...]:
         out = []
         for f in fields(cls):
@@ -369,8 +376,9 @@ def _by_arg() -> dict[str, Setting]:
     return {s.arg: s for s in all_settings()}
 
 
-def _applies(s: Setting, mode: str) -> bool:
-    return s.modes is None or mode in s.modes
+def _applies(s: Setting, mode: str, value: Any) -> bool:
+    """Whether ``value`` of ``s`` means something in ``mode`` (a value that changes nothing always may)."""
+    return s.modes is None or mode in s.modes or value in s.inert
 
 
 def _mode_list(s: Setting) -> str:
@@ -431,7 +439,7 @@ class EngineConfig:
             raise ConfigError(f"mode 'allreduce' averages gradients every step; frequency must be 'batch', not {core.frequency!r}")
         for arg in arguments:  # only explicit arguments: a cluster-wide key may be meant for other modes
             s = known[arg]
-            if not _applies(s, core.mode) and arguments[arg] not in s.inert:
+            if not _applies(s, core.mode, arguments[arg]):
                 raise ConfigError(f"{arg} applies to {_mode_list(s)} only, not mode={core.mode!r}")
         for name, group in groups.items():
             object.__setattr__(self, name, group)
@@ -497,12 +505,11 @@ def split_applicable(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], dict
     """``(kept, dropped)``: the arguments that apply to their ``mode`` and those that do not (or
     are unknown). For settings saved by an earlier version, which accepted both."""
     known = _by_arg()
-    mode = arguments.get("mode") or CoreConfig().mode
+    mode = arguments.get("mode") or known["mode"].default
     kept, dropped = {}, {}
     for k, v in arguments.items():
         s = known.get(k)
-        ok = s is not None and (_applies(s, mode) or v in s.inert)
-        (kept if ok else dropped)[k] = v
+        (kept if s is not None and _applies(s, mode, v) else dropped)[k] = v
     return kept, dropped
 
 

@@ -124,9 +124,9 @@ def run_case(spark, name, make_sm, x, y, xt, yt, base):
         out["epoch_retries"] = server.get("epoch_retries")
         if "address" in server:
             out["server_port_closed"] = port_closed(server["address"])
-    deadline = time.monotonic() + 10  # server threads end as the fit's context exits; give them a bounded moment
-    while sdt_threads() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    from helpers import settle
+
+    settle(lambda: not sdt_threads(), 10)  # server threads end as the fit's context exits; give them a bounded moment
     out["threads_after"] = sdt_threads()
     out["new_listening_sockets"] = len(listening_sockets() - listening_before)
     return out

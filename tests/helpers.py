@@ -13,17 +13,23 @@ REFERENCE_EPOCHS = 12
 DAEMON = "sparkdl_train.worker.daemon"  # what ./run job and the shipped conf files use
 
 
-def wait_until(condition, timeout=10.0, what="the condition", interval=0.02):
-    """Poll ``condition()`` until it is true (returns its value) or fail after ``timeout`` seconds:
-    tests synchronise on state, never on a fixed sleep."""
+def settle(condition, timeout=10.0, interval=0.02):
+    """Poll ``condition()`` until it is true or ``timeout`` seconds have passed; returns its last
+    value (the caller asserts, or records, what it found)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
-        if value:
+        if value or time.monotonic() >= deadline:
             return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_until(condition, timeout=10.0, what="the condition", interval=0.02):
+    """:func:`settle`, failing after ``timeout`` seconds: tests synchronise on state, never on a fixed sleep."""
+    value = settle(condition, timeout, interval)
+    if not value:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return value
 
 
 def make_mlp(seed=0, inputs=64, classes=10, lr=0.003):

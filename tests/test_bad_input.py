@@ -9,6 +9,7 @@ import time
 import keras
 import numpy as np
 import pytest
+from helpers import settle
 
 from sparkdl_train import SparkModel, net
 from sparkdl_train.config import EngineConfig
@@ -263,13 +264,6 @@ CASES = [
 ]
 
 
-def _settle(pending, seconds=10):
-    """Wait up to ``seconds`` for ``pending()`` to return nothing (cleanup runs asynchronously)."""
-    deadline = time.monotonic() + seconds
-    while pending() and time.monotonic() < deadline:
-        time.sleep(0.2)
-
-
 def _server_threads():
     return [t.name for t in threading.enumerate() if t.name.startswith("sparkdl_train-") and t.is_alive()]
 
@@ -285,9 +279,9 @@ def test_bad_input_fails_clearly(spark, df, name, call, error, words):
         assert w in text, f"{name}: {w!r} not in the error:\n{text[:3000]}"
     assert elapsed < FAST, f"{name} took {elapsed:.0f}s"
     tracker = spark.sparkContext.statusTracker()
-    _settle(tracker.getActiveJobsIds)
+    settle(lambda: not tracker.getActiveJobsIds())  # cleanup runs asynchronously
     assert not tracker.getActiveJobsIds(), f"{name} left Spark jobs running"
-    _settle(_server_threads)
+    settle(lambda: not _server_threads())
     assert not _server_threads(), f"{name} left threads behind: {_server_threads()}"
 
 

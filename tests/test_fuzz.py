@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import settle
 
 from sparkdl_train import net, wire
 from sparkdl_train.allreduce import ring
@@ -137,9 +138,7 @@ def test_parameter_server_survives_random_and_malformed_frames():
         before = rss_mb()
         run(1, 150)
         grown = rss_mb() - before
-        deadline = time.monotonic() + 10
-        while server.threads_alive() > 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        settle(lambda: server.threads_alive() <= 1, 10)
         assert server.threads_alive() == 1, "only the accept thread remains"
         assert state.stats.as_dict()["rejected_connections"] > 50
         # still serving: a well-behaved worker pulls and pushes

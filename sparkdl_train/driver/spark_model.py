@@ -71,7 +71,7 @@ class SparkModel:
         check_compiled(model)
         self._model = model
         self._overrides = {k: v for k, v in {**given, **settings}.items() if v is not None}
-        EngineConfig(**self._overrides)  # a bad or misplaced argument fails here, naming it
+        self._arguments = EngineConfig(**self._overrides)  # a bad or misplaced argument fails here, naming it
         self.custom_objects = dict(custom_objects or {})
         self.stats: FitStats | None = None
         self._monitor: FitMonitor | None = None
@@ -353,7 +353,7 @@ class SparkModel:
         compile settings and optimizer config: a later fit, evaluate or predict of the same model
         ships the same archive, so reused Python workers keep their rebuilt, traced model; the
         weights and optimizer state travel separately, every epoch."""
-        safe_mode = EngineConfig(**self._overrides).safe_mode
+        safe_mode = self._arguments.core.safe_mode  # an argument-only setting: no Spark conf key
         key = _shipping_key(self._model, self.custom_objects, safe_mode)
         if key is not None and self._shipped is not None and self._shipped[0] == key:
             return self._shipped[1]
@@ -470,9 +470,9 @@ def load_spark_model(path: str, custom_objects: dict[str, Any] | None = None, sc
     objs = dict(custom_objects or {})
     model, meta = read_saved(path, objs, sc)
     settings, dropped = split_applicable(dict(meta["config"]))
-    if dropped:
-        log.warning("%s: ignoring saved settings that do not apply to mode %r: %s", path, settings.get("mode", "synchronous"), dropped)
     sm = SparkModel(model, custom_objects=objs, **settings)
+    if dropped:
+        log.warning("%s: ignoring saved settings that do not apply to mode %r: %s", path, sm._arguments.mode, dropped)
     sm._columns.update(meta.get("columns") or {})
     return sm
 

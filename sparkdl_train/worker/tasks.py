@@ -144,7 +144,6 @@ class PartitionPass:
         self.settings = settings
         self.partition = partition
         self.training = training
-        self.device = device
         self.model = _model(payload, state, settings, device)
         self.model.reset_metrics()  # metrics accumulate from zero over this partition
         self.rng = np.random.default_rng([settings.seed, epoch, partition]) if epoch is not None else None
