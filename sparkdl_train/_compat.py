@@ -21,6 +21,7 @@ PRIVATE = (
     ("functional keras.Model", "_inputs_struct", "input names of a functional model (sparse embedding tables)"),
     ("keras.layers.Layer", "_inbound_nodes", "which model input feeds an embedding table"),
     ("keras.optimizers.Optimizer", "_learning_rate", "a learning-rate schedule versus a constant (lr_scaling)"),
+    ("keras.Model", "_compile_config", "undo the legacy HDF5 writer's removal of the optimizer from it (Elephas .h5 files)"),
 )
 
 
@@ -55,6 +56,19 @@ def inbound_nodes(layer: Any) -> list:
 def raw_learning_rate(optimizer: Any) -> Any:
     """The optimizer's learning rate as given: a variable, or a schedule (callable)."""
     return getattr(optimizer, "_learning_rate", None)
+
+
+def save_legacy_h5(model: Any, path: str) -> None:
+    """``model.save(path)`` in Keras' legacy HDF5 format, leaving the model as it was: Keras' HDF5
+    writer pops ``optimizer`` from the model's own compile config, after which a ``.keras`` save of
+    the same model loses its optimizer."""
+    config = getattr(getattr(model, "_compile_config", None), "config", None)
+    optimizer = config.get("optimizer") if isinstance(config, dict) else None
+    try:
+        model.save(path)
+    finally:
+        if optimizer is not None and "optimizer" not in config:
+            config["optimizer"] = optimizer
 
 
 def missing(model: Any) -> list[str]:

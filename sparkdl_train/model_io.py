@@ -95,6 +95,12 @@ def check_compiled(model: Any) -> None:
             f"model {model.name!r} is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) "
             "before handing it to SparkModel"
         )
+    weights = (model.get_compile_config() or {}).get("loss_weights") if hasattr(model, "get_compile_config") else None
+    if isinstance(weights, (list, tuple)) and any(isinstance(w, str) for w in weights):
+        raise ModelError(
+            f"model {model.name!r} was compiled with loss_weights={list(weights)!r}: names of metrics? Keras 3's third "
+            "positional compile argument is loss_weights (Keras 2's was metrics); compile with metrics=[...]"
+        )
     if not model.built:
         raise ModelError(
             f"model {model.name!r} is not built: give it an Input layer, or call model.build(input_shape) "

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import EngineConfig, FitConfig, arguments_doc, split_applicable
-from ..data.adapters import DataAdapter
+from ..data.adapters import DataAdapter, is_dataframe, is_rdd
 from ..data.output import output_columns
 from ..errors import ConfigError, DataError
 from ..model_io import ModelPayload, check_compiled, serialize_model
@@ -163,6 +163,7 @@ class SparkModel:
         """
         import keras
 
+        _not_data("fit", "epochs", epochs)
         fit_cfg = FitConfig(
             epochs=epochs,
             batch_size=batch_size,
@@ -290,6 +291,7 @@ class SparkModel:
         Metric *state* (totals, counts, AUC confusion counts) is summed across
         partitions, so the result equals a single-process evaluation.
         """
+        _not_data("evaluate", "batch_size", batch_size)
         FitConfig(batch_size=batch_size)
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         payload = self._payload()
@@ -322,6 +324,7 @@ class SparkModel:
         per output for multi-output models). RDD of feature rows in -> RDD of
         prediction arrays, in order. Arrays in -> arrays.
         """
+        _not_data("predict", "batch_size", batch_size)
         FitConfig(batch_size=batch_size)
         if feature_cols is not None:
             self._columns["feature_cols"] = feature_cols
@@ -443,6 +446,16 @@ def _shipping_key(model: Any, custom_objects: dict[str, Any], safe_mode: bool) -
 
 def _resolve(sc: Any, overrides: dict[str, Any]) -> EngineConfig:
     return EngineConfig.resolve(dict(sc.getConf().getAll()) if sc is not None else {}, **overrides)
+
+
+def _not_data(method: str, name: str, value: Any) -> None:
+    """Keras' ``fit(x, y)`` / ``evaluate(x, y)`` habit puts the labels into the second parameter: say so."""
+    if hasattr(value, "__len__") and not isinstance(value, str) or is_rdd(value) or is_dataframe(value):
+        raise ConfigError(
+            f"{method}: {name} got {type(value).__name__}, which looks like data: {method} takes the data as one "
+            "argument (a DataFrame, an RDD of (x, y) rows, or a tuple (x, y) of arrays), e.g. "
+            f"{method}((x, y)); Elephas' {method}(x, y) form is sparkdl_train.elephas.spark_model.SparkModel's"
+        )
 
 
 def _check_callbacks(callbacks: Sequence[Any] | None) -> None:
