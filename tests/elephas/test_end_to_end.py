@@ -28,6 +28,14 @@ COMBINATIONS = [(Mode.SYNCHRONOUS, None, None, "epoch"),
                 pytest.param(Mode.HOGWILD, "socket", None, "batch", marks=_slow)]
 
 
+def _spark_model(model, mode, parameter_server_mode, num_workers, frequency):
+    """Elephas' choice between its two classes, as both of its training tests make it."""
+    if mode == Mode.SYNCHRONOUS:
+        return SparkModel(model, num_workers=num_workers)
+    return AsynchronousSparkModel(model, frequency=frequency, num_workers=num_workers, mode=mode,
+                                  parameter_server_mode=parameter_server_mode, port=4321)
+
+
 @pytest.mark.parametrize("mode,parameter_server_mode,num_workers,frequency", COMBINATIONS)
 def test_training_classification(spark_context, mode, parameter_server_mode, num_workers, frequency, mnist_data,
                                  classification_model, keras_reference):
@@ -41,11 +49,7 @@ def test_training_classification(spark_context, mode, parameter_server_mode, num
     classification_model.compile(sgd, "categorical_crossentropy", ["acc"])  # Keras 2's positional metrics
 
     rdd = to_simple_rdd(spark_context, x_train, y_train)
-    if mode == Mode.SYNCHRONOUS:
-        spark_model = SparkModel(classification_model, num_workers=num_workers)
-    else:
-        spark_model = AsynchronousSparkModel(classification_model, frequency=frequency, num_workers=num_workers,
-                                             mode=mode, parameter_server_mode=parameter_server_mode, port=4321)
+    spark_model = _spark_model(classification_model, mode, parameter_server_mode, num_workers, frequency)
     single = keras_reference(spark_model.master_network, x_train, y_train, x_test, y_test, epochs, batch_size)
     spark_model.fit(rdd, epochs=epochs, batch_size=batch_size, verbose=0, validation_split=0.1)
 
@@ -78,11 +82,7 @@ def test_training_regression(spark_context, mode, parameter_server_mode, num_wor
     sgd = Adam()
     regression_model.compile(sgd, "mse", ["mae", "mean_absolute_percentage_error"])
 
-    if mode == Mode.SYNCHRONOUS:
-        spark_model = SparkModel(regression_model, num_workers=num_workers)
-    else:
-        spark_model = AsynchronousSparkModel(regression_model, frequency=frequency, num_workers=num_workers,
-                                             mode=mode, parameter_server_mode=parameter_server_mode, port=4321)
+    spark_model = _spark_model(regression_model, mode, parameter_server_mode, num_workers, frequency)
     single = keras_reference(spark_model.master_network, x_train, y_train, x_test, y_test, epochs, batch_size)
     spark_model.fit(rdd, epochs=epochs, batch_size=batch_size, verbose=0, validation_split=0.1)
 
