@@ -2,6 +2,7 @@
 
     spark-submit jobs/train_ctr.py                       # embedded default: local[*], generated data
     spark-submit --master yarn jobs/train_ctr.py --data hdfs:///ctr/parquet --epochs 10
+    spark-submit --master yarn jobs/train_ctr.py --data hdfs:///criteo/day_0.gz   # Criteo's own TSV format
 
 With no --data the job generates a Parquet dataset with a planted ground-truth
 model (sparkdl_train.datasets.ctr) so that the Bayes-optimal AUC is known.
@@ -26,7 +27,13 @@ DEFAULT_CONFIG = os.path.join(HERE, os.pardir, "conf", "train_ctr.json")
 def parse_args(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=DEFAULT_CONFIG, help="JSON file with defaults (conf/train_ctr.json)")
-    p.add_argument("--data", help="Parquet path with I1..I13, C1..C26, label; generated when absent")
+    p.add_argument("--data", help="Parquet (I1..I13, C1..C26, label) or Criteo TSV (plain or .gz) path; generated when absent")
+    p.add_argument("--format", choices=["auto", "parquet", "criteo-tsv"], default="auto",
+                   help="format of --data (auto: Parquet by its magic bytes, else Criteo TSV by its 40 fields)")
+    p.add_argument("--malformed", choices=["count", "fail"], default="count",
+                   help="Criteo TSV lines that do not fit the format: count, report and leave out (default), or fail")
+    p.add_argument("--generate-format", choices=["parquet", "criteo-tsv"], dest="generate_format",
+                   help="format of the generated data when --data is absent (default parquet)")
     p.add_argument("--rows", type=int, help="rows to generate when --data is absent")
     p.add_argument("--model", choices=["deepfm", "wide_deep"])
     p.add_argument("--mode", help="synchronous | asynchronous | hogwild | allreduce")
@@ -49,41 +56,6 @@ def parse_args(argv: list[str]) -> dict:
     freq = cfg.get("frequency")  # None: the mode's default ("batch" for allreduce, else "epoch")
     cfg["frequency"] = int(freq) if isinstance(freq, str) and freq.isdigit() else freq
     return cfg
-
-
-def spark_session():
-    """The session spark-submit configured. Its --master, --conf and --properties-file reach the JVM
-    that spark-submit started, so nothing here may override them: a SparkConf() read in Python before
-    the JVM gateway exists is empty under spark-submit and says nothing about the master. With no master
-    anywhere (plain `python jobs/train_ctr.py`), Spark's launcher defaults to local[*]: the embedded default."""
-    from pyspark import SparkConf, SparkContext
-    from pyspark.sql import SparkSession
-
-    SparkContext._ensure_initialized()  # attach to (or start) the JVM, so SparkConf() reads what it was given
-    builder = SparkSession.builder
-    if not SparkConf().contains("spark.app.name"):
-        builder = builder.appName("sparkdl_train: train_ctr")
-    return builder.getOrCreate()
-
-
-def where_it_ran(spark, stats) -> dict:
-    """Where the training tasks ran: the master, the executor ids Spark recorded for them, the Python
-    worker pids beside the driver's, and what the executors' environment check found."""
-    sc = spark.sparkContext
-    parts = [i for e in stats.epochs for i in e.partitions.values()]
-    env = stats.environment or []
-    return {
-        "master": sc.master,
-        "deploy_mode": sc.getConf().get("spark.submit.deployMode", "client"),
-        "application_id": sc.applicationId,
-        "executor_ids": stats.executor_ids(),
-        "worker_pids": sorted({i["pid"] for i in parts}),
-        "worker_hosts": sorted({i["host"] for i in parts}),
-        "driver_pid": os.getpid(),
-        "executor_environment": sorted(
-            {(str(r.get("executor_id")), r["python"], r["modules"]["sparkdl_train"].get("file")) for r in env}
-        ),
-    }
 
 
 def communication(stats) -> dict:
@@ -113,12 +85,14 @@ def main(argv: list[str], spark=None) -> dict:
     from pyspark.sql import functions as F
 
     from sparkdl_train import SparkModel, check_executors
+    from sparkdl_train.datasets import criteo
     from sparkdl_train.datasets import ctr as ctr_data
+    from sparkdl_train.driver.submit import submitted_session, where_it_ran
     from sparkdl_train.models.ctr import MODELS, build_vocabulary, ctr_features
 
     own_session = spark is None
     if own_session:
-        spark = spark_session()
+        spark = submitted_session("sparkdl_train: train_ctr")
         spark.sparkContext.setLogLevel("WARN")
     # before any of our code runs on the executors (data generation, vocabulary): a clear error, not a
     # ModuleNotFoundError in the first task, when their Python lacks sparkdl_train
@@ -127,13 +101,25 @@ def main(argv: list[str], spark=None) -> dict:
     os.makedirs(out_dir, exist_ok=True)
 
     t0 = time.perf_counter()
-    data_path = cfg.get("data")
+    data_path, data_format = cfg.get("data"), cfg.get("format", "auto")
     if not data_path:
-        data_path = os.path.join(out_dir, f"ctr_data_{cfg['rows']}_{cfg['seed']}")
+        data_format = cfg.get("generate_format") or "parquet"
+        suffix = "" if data_format == "parquet" else "_tsv"
+        data_path = os.path.join(out_dir, f"ctr_data_{cfg['rows']}_{cfg['seed']}{suffix}")
         if not os.path.exists(os.path.join(data_path, "_SUCCESS")):
             spec = ctr_data.CTRSpec(rows=cfg["rows"], seed=cfg["seed"])
-            ctr_data.write(spark, spec, data_path)
-    df = spark.read.parquet(data_path)
+            if data_format == "parquet":
+                ctr_data.write(spark, spec, data_path)
+            else:
+                criteo.write_tsv(spark, spec, data_path)
+    if data_format == "auto":
+        data_format = criteo.detect_format(spark, data_path)
+    malformed = None
+    if data_format == "criteo-tsv":
+        df, report = criteo.read_tsv(spark, data_path, on_malformed=cfg.get("malformed", "count"))
+        malformed = report.as_dict()
+    else:
+        df = spark.read.parquet(data_path)
     gen_seconds = time.perf_counter() - t0
 
     if "id" not in df.columns:
@@ -197,6 +183,8 @@ def main(argv: list[str], spark=None) -> dict:
         "communication": comm,
         "history": history.history,
         "data": data_path,
+        "data_format": data_format,
+        "malformed": malformed,
         "model_path": model_path,
         **where_it_ran(spark, sm.stats),
     }
@@ -207,6 +195,8 @@ def main(argv: list[str], spark=None) -> dict:
     print(f"model {cfg['model']}  mode {cfg['mode']}/{sm.stats.frequency}  workers {sm.stats.num_workers}  epochs {summary['epochs']}")
     print(f"ran on {summary['master']}  executors {', '.join(summary['executor_ids'])}  hosts {', '.join(summary['worker_hosts'])}")
     print(f"rows  train {n_train}  test {n_test}  vocabulary {vocab.size} ids (values seen >= {vocab.min_count} times)")
+    if malformed is not None:
+        print(f"data  Criteo TSV, {malformed['lines']} lines, {malformed['malformed_lines']} malformed and left out {malformed['malformed']}")
     print(f"test AUC      {exact_auc:.4f}   (Bayes-optimal {summary['bayes_auc'] if bayes is None else format(bayes['auc'], '.4f')})")
     print(f"test logloss  {test_logs['loss']:.4f}   (Bayes-optimal {'n/a' if bayes is None else format(bayes['logloss'], '.4f')})")
     print(f"throughput    {summary['train_samples_per_second']:.0f} samples/s over {train_seconds:.1f} s of training")

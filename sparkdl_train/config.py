@@ -309,6 +309,11 @@ class DataConfig(_Group):
         "data.nanPolicy", "fail", Choice(NAN_POLICIES, "nan_policy"),
         "What a NaN or infinite feature, label or weight does: 'fail' fails the fit naming the input, partition and "
         "row; 'skip' drops such rows and counts them (skipped_rows in stats); 'ignore' feeds them unchecked.")
+    transform_threads: int = setting(
+        "data.transformThreads", 1, Int(1),
+        "Threads per task running a fit's batch transform (1: the data thread that prefetches batches).")
+    transform_rows: int = setting(
+        "data.transformRows", 1024, Int(1), "Rows per call of a fit's batch transform (slices of Arrow record batches).")
 
 
 @dataclass(frozen=True)

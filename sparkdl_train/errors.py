@@ -51,3 +51,8 @@ class WorkerError(SparkDLError):
 
     def __reduce__(self):
         return (type(self), (self.message, self.failures, self.cause))
+
+
+class TransformError(DataError):
+    """A user's batch transform failed or returned something the model cannot take; names the
+    partition and the rows (the original exception is chained as ``__cause__``)."""

@@ -33,7 +33,7 @@ class Cause(str, enum.Enum):
 # (cause, pattern): the first that matches wins, so the specific come first
 _RULES: tuple[tuple[Cause, re.Pattern], ...] = (
     (Cause.CANCELLED, re.compile(r"Job \d+ cancelled")),
-    (Cause.USER_ERROR, re.compile(r"sparkdl_train\.errors\.(?:DataError|ModelError|ConfigError)")),
+    (Cause.USER_ERROR, re.compile(r"sparkdl_train\.errors\.(?:DataError|TransformError|ModelError|ConfigError)")),
     (Cause.WORKER_LOST, re.compile(r"Python worker exited unexpectedly")),
     (Cause.EXECUTOR_LOST, re.compile(r"ExecutorLostFailure|Executor lost|executor \S+ exited|Lost executor")),
     (Cause.TIMEOUT, re.compile(r"RingTimeout|RoundTimeout|not complete after [\d.]+ s|timed out")),

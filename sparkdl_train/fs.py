@@ -87,6 +87,50 @@ class FileSystem:
         fs, p = self._fs(path)
         return bool(fs.exists(p))
 
+    def first_file(self, path: str, skip_prefixes: tuple[str, ...] = ("_", ".")) -> str | None:
+        """``path`` itself when it is a file, else the first data file found under it (depth first,
+        names sorted; names starting with ``skip_prefixes``, such as ``_SUCCESS``, skipped)."""
+        if self.sc is None:
+            local = self._local(path)
+            if os.path.isfile(local):
+                return local
+            for root, dirs, files in os.walk(local):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(skip_prefixes))
+                for name in sorted(files):
+                    if not name.startswith(skip_prefixes):
+                        return os.path.join(root, name)
+            return None
+        fs, p = self._fs(path)
+        if not fs.exists(p):
+            return None
+        stack = [p]
+        while stack:
+            here = stack.pop()
+            status = fs.getFileStatus(here)
+            if status.isFile():
+                return str(here.toString())
+            children = sorted(fs.listStatus(here), key=lambda st: st.getPath().getName(), reverse=True)
+            stack.extend(st.getPath() for st in children if not st.getPath().getName().startswith(skip_prefixes))
+        return None
+
+    def read_head(self, path: str, n: int) -> bytes:
+        """The first ``n`` bytes of a file."""
+        if self.sc is None:
+            with open(self._local(path), "rb") as f:
+                return f.read(n)
+        fs, p = self._fs(path)
+        stream = fs.open(p)
+        try:
+            out = bytearray()
+            for _ in range(n):  # a few bytes: one call each (a Java byte[] filled in place is not seen from Python)
+                b = stream.read()
+                if b < 0:
+                    break
+                out.append(b)
+            return bytes(out)
+        finally:
+            stream.close()
+
     def rename(self, src: str, dst: str) -> None:
         """Move ``src`` to ``dst``, replacing ``dst`` (Hadoop's rename refuses to overwrite, so
         ``dst`` is deleted first)."""

@@ -15,6 +15,7 @@ for a saved stage to load (``MLReadable.load`` takes no custom objects).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from pyspark.ml import Estimator, Model
@@ -23,10 +24,13 @@ from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCo
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from .config import all_settings, check_setting
+from .data.transform import BatchTransform
 from .driver.spark_model import SparkModel
 from .errors import ConfigError
 from .fs import FileSystem, join
 from .model_io import check_compiled, load_archive, load_model_bytes, save_archive, serialize_model
+
+log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.keras"
 
@@ -132,13 +136,28 @@ class _KerasParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeightCol):
 class _KerasStage(_KerasParams, MLWritable, MLReadable):
     """What the estimator and the model share: a Keras model, params, persistence."""
 
-    def __init__(self, model: Any = None, custom_objects: dict[str, Any] | None = None, **params: Any):
+    def __init__(self, model: Any = None, custom_objects: dict[str, Any] | None = None, transform: Any = None, **params: Any):
         super().__init__()
         self._keras_model = None
         self._custom_objects = dict(custom_objects or {})
+        self._batch_transform = None
         if model is not None:
             self.setKerasModel(model)
+        if transform is not None:
+            self.setTransform(transform)
         self._set(**params)
+
+    def setTransform(self, fn: Any) -> "_KerasStage":
+        """The batch transform the DataFrame's columns go through on the executors (see
+        ``SparkModel.fit(transform=...)``); the fitted model keeps it. It is a function, so it is
+        not saved with the stage: set it again after loading."""
+        if fn is not None:
+            BatchTransform(fn)
+        self._batch_transform = fn
+        return self
+
+    def getTransform(self) -> Any:
+        return self._batch_transform
 
     def setKerasModel(self, model: Any) -> "_KerasStage":
         check_compiled(model)
@@ -173,8 +192,8 @@ class KerasEstimator(_KerasStage, Estimator):
     >>> fitted = Pipeline(stages=[assembler, est]).fit(train_df)
     """
 
-    def __init__(self, model: Any = None, custom_objects: dict[str, Any] | None = None, **params: Any):
-        super().__init__(model, custom_objects, **params)
+    def __init__(self, model: Any = None, custom_objects: dict[str, Any] | None = None, transform: Any = None, **params: Any):
+        super().__init__(model, custom_objects, transform, **params)
 
     def _fit(self, dataset: Any) -> "KerasModel":
         if self._keras_model is None:
@@ -192,8 +211,9 @@ class KerasEstimator(_KerasStage, Estimator):
             feature_cols=self.feature_columns(),
             label_col=self.getLabelCol(),
             sample_weight_col=weight,
+            transform=self._batch_transform,
         )
-        fitted = KerasModel(model=model, custom_objects=self._custom_objects)
+        fitted = KerasModel(model=model, custom_objects=self._custom_objects, transform=self._batch_transform)
         fitted.history = {k: [float(v) for v in vs] for k, vs in history.history.items()}
         fitted.fitStats = sm.stats.as_dict()
         return self._copyValues(fitted)
@@ -206,8 +226,8 @@ class KerasModel(_KerasStage, Model):
     statistics (engine, workers, updates, bytes); both are saved with it.
     """
 
-    def __init__(self, model: Any = None, custom_objects: dict[str, Any] | None = None, **params: Any):
-        super().__init__(model, custom_objects, **params)
+    def __init__(self, model: Any = None, custom_objects: dict[str, Any] | None = None, transform: Any = None, **params: Any):
+        super().__init__(model, custom_objects, transform, **params)
         self.history: dict[str, list[float]] = {}
         self.fitStats: dict[str, Any] | None = None
 
@@ -217,7 +237,7 @@ class KerasModel(_KerasStage, Model):
         sm = SparkModel(self._keras_model, custom_objects=self._custom_objects)
         return sm.predict(
             dataset, batch_size=max(256, self.getBatchSize()), feature_cols=self.feature_columns(),
-            prediction_col=self.getPredictionCol(),
+            prediction_col=self.getPredictionCol(), transform=self._batch_transform,
         )
 
     def _extra_metadata(self) -> dict[str, Any]:
@@ -235,6 +255,8 @@ class _KerasWriter(MLWriter):
 
     def saveImpl(self, path: str) -> None:
         inst = self.instance
+        if inst.getTransform() is not None:
+            log.warning("%s: the batch transform is a function and is not saved; call setTransform(fn) after loading", path)
         extra = {**inst._extra_metadata(), "hasKerasModel": inst._keras_model is not None}
         DefaultParamsWriter.saveMetadata(inst, path, self.sc, extraMetadata=json.loads(json.dumps(extra, default=str)))
         if inst._keras_model is not None:

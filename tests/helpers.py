@@ -70,8 +70,8 @@ def run_check_script(script, master="local-cluster[2,1,2048]", timeout=900):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def spark_submit(master, args, out, conf=(), archives=None, timeout=1200):
-    """``spark-submit [--master MASTER] jobs/train_ctr.py ARGS --output OUT``; returns (output, summary.json).
+def spark_submit(master, args, out, conf=(), archives=None, timeout=1200, job="train_ctr.py"):
+    """``spark-submit [--master MASTER] jobs/JOB ARGS --output OUT``; returns (output, the job's summary JSON).
 
     With ``archives`` the executors run ``./environment/bin/python`` from that archive, as on a real
     cluster; otherwise this venv's Python (PYSPARK_PYTHON)."""
@@ -86,11 +86,15 @@ def spark_submit(master, args, out, conf=(), archives=None, timeout=1200):
                 "--conf", f"spark.pyspark.driver.python={sys.executable}"]
     for c in conf:
         cmd += ["--conf", c]
-    cmd += [os.path.join(ROOT, "jobs", "train_ctr.py"), *args, "--output", str(out)]
+    cmd += [os.path.join(ROOT, "jobs", job), *args, "--output", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "test AUC" in proc.stdout and "Bayes-optimal" in proc.stdout
-    with open(os.path.join(str(out), "summary.json")) as f:
+    summary = {"train_ctr.py": "summary.json", "train_images.py": "images_summary.json"}[job]
+    if job == "train_ctr.py":
+        assert "test AUC" in proc.stdout and "Bayes-optimal" in proc.stdout
+    else:
+        assert "test accuracy" in proc.stdout
+    with open(os.path.join(str(out), summary)) as f:
         return proc.stdout + proc.stderr, json.load(f)
 
 

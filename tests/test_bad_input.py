@@ -225,6 +225,67 @@ def _checkpoint_every_batches(spark, df, tmp="/tmp"):
     SparkModel(small()).fit(df, callbacks=[cb], verbose=0)
 
 
+def _png_frame(spark, bad_row=None, n=200):
+    from sparkdl_train.datasets import images
+
+    rng = np.random.default_rng(1)
+    good = images.encode_png(rng.integers(0, 255, (images.SIZE, images.SIZE), dtype=np.uint8))
+    rows = [(f"/data/{i % 10}/{i}.png", b"this is no image" if i == bad_row else good) for i in range(n)]
+    return spark.createDataFrame(rows, "path string, content binary").coalesce(1)
+
+
+def _cnn():
+    from sparkdl_train.datasets import images
+
+    return images.cnn()
+
+
+def _undecodable_image(spark, df):
+    from sparkdl_train.datasets import images
+
+    SparkModel(_cnn(), num_workers=1).fit(_png_frame(spark, bad_row=150), transform=images.DigitsTransform(), feature_cols="image", verbose=0)
+
+
+def _transform_wrong_shape(spark, df):
+    SparkModel(small()).fit(df, transform=lambda c: {"features": np.zeros((len(c["label"]), 3))}, verbose=0)
+
+
+def _transform_wrong_dtype(spark, df):
+    SparkModel(small()).fit(df, transform=lambda c: {"features": c["name"]}, verbose=0)
+
+
+def _null_strings(spark, df):
+    model = keras.Sequential([keras.Input((1,), dtype="string", name="text"), keras.layers.StringLookup(vocabulary=["a", "b"]),
+                              keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    data = spark.createDataFrame([("a", 1.0), (None, 0.0), ("b", 1.0)], "text string, label double")
+    SparkModel(model).fit(data, feature_cols="text", verbose=0)
+
+
+def _binary_to_numeric_input(spark, df):
+    SparkModel(_cnn()).fit(_png_frame(spark), feature_cols="content", label_col="path", verbose=0)
+
+
+def _transform_with_rdd(spark, df):
+    rdd = spark.sparkContext.parallelize([(np.zeros(4), 0)] * 4)
+    SparkModel(small()).fit(rdd, transform=lambda c: c, verbose=0)
+
+
+def _transform_not_callable(spark, df):
+    SparkModel(small()).fit(df, transform={"features": "decode"}, verbose=0)
+
+
+def _criteo_wrong_width(spark, df):
+    import tempfile
+
+    from sparkdl_train.datasets import criteo
+
+    folder = tempfile.mkdtemp(prefix="sdt-criteo-")
+    with open(os.path.join(folder, "day_0"), "w") as f:
+        f.write("1\t5\t3\n")
+    criteo.read_tsv(spark, folder, on_malformed="fail")
+
+
 CASES = [
     # (id, call, error type, words the message must contain)
     ("uncompiled model", _uncompiled, ModelError, ["compile"]),
@@ -261,6 +322,15 @@ CASES = [
     ("staleness bound with hogwild", _staleness_for_hogwild, ConfigError, ["staleness_bound", "hogwild"]),
     ("callback that is not a Callback", _callback_not_callback, ConfigError, ["Callback", "function"]),
     ("ModelCheckpoint every N batches", _checkpoint_every_batches, ConfigError, ["save_freq=10"]),
+    ("undecodable image bytes", _undecodable_image, WorkerError,
+     ["TransformError", "partition 0, rows 100-199", "row 50 of the slice is not a decodable image", "16 bytes"]),
+    ("transform returns the wrong shape", _transform_wrong_shape, DataError, ["'features'", "(3,)", "(4,)", "transform"]),
+    ("transform returns the wrong dtype", _transform_wrong_dtype, DataError, ["'features'", "numeric", "strings"]),
+    ("null strings for a string input", _null_strings, DataError, ["'text'", "null", "row 1"]),
+    ("binary column for a numeric input", _binary_to_numeric_input, DataError, ["'content'", "binary", "transform"]),
+    ("transform with an RDD", _transform_with_rdd, ConfigError, ["transform", "rdd.map"]),
+    ("transform that is not a function", _transform_not_callable, ConfigError, ["transform must be a function", "dict"]),
+    ("Criteo TSV line of the wrong width", _criteo_wrong_width, DataError, ["expected 40 tab-separated fields, got 3", "day_0"]),
 ]
 
 

@@ -23,6 +23,7 @@ def test_archive_is_a_regular_install_without_test_extras(env_archive):
     site = [n for n in names if "/site-packages/" in n]
     tops = {n.split("/site-packages/")[1].split("/")[0] for n in site}
     assert "sparkdl_train" in tops and "keras" in tops and "tensorflow" in tops, sorted(tops)[:50]
+    assert "PIL" in tops  # Pillow: batch transforms decode images on the executors
     assert not [t for t in tops if t.startswith("__editable__")], "an editable finder instead of the package"
     for extra in ("pytest", "sklearn", "nbclient", "matplotlib", "tensorboard", "venv_pack"):
         assert extra not in tops, f"{extra} (test-only) is in the archive"
@@ -64,3 +65,17 @@ def test_flagship_job_on_the_standalone_cluster(standalone_cluster, env_archive,
     else:
         assert s["communication"]["engine"] == "parameter_server" and s["communication"]["pushes"] > 0
     assert "\r" not in out  # one progress line per interval under spark-submit, no bar redraws
+
+
+def test_image_job_decodes_png_bytes_on_the_standalone_executors(standalone_cluster, env_archive, tmp_path):
+    """jobs/train_images.py: PNG files read as bytes, decoded by the batch transform (2 threads per task)
+    on the executors, from the shipped archive (Pillow included), as accurate as single-process Keras."""
+    args = ["--copies", "1", "--workers", "2", "--epochs", "8", "--transform-threads", "2"]
+    conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g"]
+    out, s = spark_submit(standalone_cluster.url, args, tmp_path, conf=conf, archives=env_archive, job="train_images.py")
+    assert s["master"] == standalone_cluster.url
+    assert_ran_on_executors(s["executor_ids"], s["worker_pids"], s["driver_pid"])
+    for _, python, module in s["executor_environment"]:
+        assert python.endswith("/environment/bin/python") and module.startswith(standalone_cluster.work_dir), (python, module)
+    assert s["train_images"] + s["test_images"] == 1797 and s["transform_threads"] == 2
+    assert s["test_accuracy"] > 0.5 and s["test_accuracy"] >= s["reference_test_accuracy"] - 0.1, s

@@ -26,7 +26,8 @@ from ..errors import DataError, FitCancelled, WorkerError
 from ..failures import Cause, classify
 from ..merge import Partial, merge_partials
 from .batching import Batch, num_rows, rows_to_chunks, take_rows, tree_concat
-from .spec import ColumnMapping
+from .prefetch import ordered_map
+from .spec import STRING, ColumnMapping
 
 log = logging.getLogger(__name__)
 
@@ -201,10 +202,18 @@ class RDDAdapter(DataAdapter):
 # -- DataFrame -----------------------------------------------------------------------
 
 def check_schema(schema: Any, mapping: ColumnMapping) -> None:
-    """Fail on the driver when a column is missing or not numeric."""
+    """Fail on the driver when a column is missing or not numeric (string and binary columns may
+    feed a Keras string input; with a transform, its output is checked on the sample instead)."""
     from pyspark.sql import types as T
 
     fields = {f.name: f.dataType for f in schema.fields}
+    if mapping.transform is not None:
+        return
+
+    def text(dt: Any) -> bool:
+        if isinstance(dt, (T.StringType, T.BinaryType)):
+            return True
+        return isinstance(dt, T.ArrayType) and text(dt.elementType)
 
     def numeric(dt: Any) -> bool:
         if isinstance(dt, (T.NumericType, T.BooleanType)):
@@ -221,7 +230,15 @@ def check_schema(schema: Any, mapping: ColumnMapping) -> None:
                 raise DataError(
                     f"column {col!r} (for {spec.name!r}) is not in the DataFrame; columns are {sorted(fields)}"
                 )
+            if spec.dtype == STRING and text(fields[col]):
+                continue
             if not numeric(fields[col]):
+                if text(fields[col]):
+                    raise DataError(
+                        f"column {col!r} (for {spec.name!r}) has type {fields[col].simpleString()}, but the model's "
+                        f"input {spec.name!r} is numeric ({spec.dtype}): decode the column with a transform "
+                        "(fit(..., transform=fn)), or give the model a string input (keras.Input(dtype='string'))"
+                    )
                 raise DataError(
                     f"column {col!r} (for {spec.name!r}) has type {fields[col].simpleString()}; "
                     "only numeric, boolean, array-of-numeric and ML vector columns can be fed to a model"
@@ -272,7 +289,7 @@ class DataFrameAdapter(DataAdapter):
         if table.num_rows == 0:
             raise DataError("the DataFrame is empty")
         rb = table.combine_chunks().to_batches()[0]
-        return self.mapping.batch_from_arrow(rb)
+        return self.mapping.batch_from_arrow(rb, f"the driver's sample of the first {rb.num_rows} rows")
 
     def share(self, value: Any) -> Any:
         return self._sc.broadcast(value)
@@ -286,7 +303,7 @@ class DataFrameAdapter(DataAdapter):
             from pyspark import TaskContext
 
             pid = TaskContext.get().partitionId()
-            partial = task(pid, (mapping.batch_from_arrow(rb) for rb in batches))
+            partial = task(pid, mapping.chunks(batches, pid))
             yield pa.RecordBatch.from_arrays([pa.array([partial.to_bytes()], pa.binary())], ["partial"])
 
         out = self._selected().mapInArrow(run, "partial binary")
@@ -302,8 +319,7 @@ class DataFrameAdapter(DataAdapter):
             from pyspark import BarrierTaskContext
 
             ctx = BarrierTaskContext.get()
-            chunks = (mapping.batch_from_arrow(rb) for rb in batches)
-            partial = task(ctx.partitionId(), chunks, ctx)
+            partial = task(ctx.partitionId(), mapping.chunks(batches, ctx.partitionId()), ctx)
             yield pa.RecordBatch.from_arrays([pa.array([partial.to_bytes()], pa.binary())], ["partial"])
 
         out = self._selected().mapInArrow(run, "partial binary", barrier=True)
@@ -322,14 +338,36 @@ class DataFrameAdapter(DataAdapter):
             list(self.df.schema.fields) + [T.StructField(c.name, c.spark_type(), nullable=False) for c in columns]
         )
         mapping = self.mapping.without_labels()
+        transform = mapping.transform
 
         def run(batches: Iterator) -> Iterator:
+            from pyspark import TaskContext
+
+            pid = TaskContext.get().partitionId()
             model = None
-            for rb in batches:
-                if rb.num_rows == 0:
-                    continue
+
+            def numbered() -> Iterator[tuple[int, Any]]:
+                offset = 0
+                for rb in batches:
+                    if rb.num_rows:
+                        yield offset, rb
+                    offset += rb.num_rows
+
+            def inputs(item: tuple[int, Any]) -> tuple[Any, Any]:  # runs ahead on the transform's thread(s)
+                start, rb = item
+                where = f"partition {pid}, rows {start}-{start + rb.num_rows - 1}"
+                x = mapping.x_from_arrow(rb, where)
+                rows = num_rows((x,))
+                if rows != rb.num_rows:
+                    raise DataError(f"transform {transform.name} returned {rows} rows for {rb.num_rows} on {where}; "
+                                    "predict appends one prediction per input row, so its transform must keep every row")
+                return rb, x
+
+            # with a transform, the next batches are transformed while this one is predicted
+            prepared = ordered_map(inputs, numbered(), transform.threads + 1) if transform is not None else map(inputs, numbered())
+            for rb, x in prepared:
                 model = model or make_model()
-                out = predict(model, mapping.x_from_arrow(rb))
+                out = predict(model, x)
                 for c in columns:
                     rb = rb.append_column(c.name, c.to_arrow(out))
                 yield rb

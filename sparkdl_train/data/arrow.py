@@ -4,6 +4,11 @@ Supported column types: numeric and boolean scalars, (nested) arrays of numbers
 with one length per row, and Spark ML vectors (dense and sparse). Nulls, ragged
 arrays and non-numeric types raise :class:`~sparkdl_train.errors.DataError`
 naming the column.
+
+Binary and string columns (image bytes, text, raw ids) have no numeric form:
+:func:`column_values` gives them as numpy object arrays of ``bytes`` / ``str`` (the
+one Python object per row that a decoder or a Keras string input needs), built
+by Arrow's own conversion from its offset and data buffers.
 """
 
 from __future__ import annotations
@@ -114,3 +119,43 @@ def _to_numpy(arr: pa.Array, name: str) -> np.ndarray:
 def column_to_numpy(arr: pa.Array | pa.ChunkedArray, name: str) -> np.ndarray:
     """Convert one Arrow column to a numpy array of shape ``(rows, ...)``."""
     return _to_numpy(_combine(arr), name)
+
+
+def is_text_type(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t)
+
+
+def is_bytes_type(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or getattr(
+        pa.types, "is_binary_view", lambda _: False)(t)
+
+
+def _text_to_numpy(arr: pa.Array, name: str) -> np.ndarray:
+    if arr.null_count:
+        first = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(
+            f"column {name!r} contains {arr.null_count} null value(s) (first at row {first} of its batch); "
+            "fill them (e.g. df.fillna('', subset=[...])) or filter them before training"
+        )
+    out = arr.to_numpy(zero_copy_only=False)
+    return out if out.dtype == object else out.astype(object)
+
+
+def column_values(arr: pa.Array | pa.ChunkedArray, name: str) -> np.ndarray:
+    """Like :func:`column_to_numpy`, and also binary / string columns, as object arrays of
+    ``bytes`` / ``str`` (``(rows,)``), or lists of them (``(rows, width)``)."""
+    arr = _combine(arr)
+    t = arr.type
+    if is_text_type(t) or is_bytes_type(t):
+        return _text_to_numpy(arr, name)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and (is_text_type(t.value_type) or is_bytes_type(t.value_type)):
+        if arr.null_count:
+            raise DataError(f"column {name!r} contains {arr.null_count} null array(s); fill or drop them before training")
+        offsets = arr.offsets.to_numpy(zero_copy_only=False)
+        lengths = np.diff(offsets)
+        if len(arr) and (lengths != lengths[0]).any():
+            bad = int(np.flatnonzero(lengths != lengths[0])[0])
+            raise DataError(f"column {name!r} is ragged: row 0 has {int(lengths[0])} elements but row {bad} has {int(lengths[bad])}")
+        flat = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if len(arr) else arr.values.slice(0, 0)
+        return _text_to_numpy(flat, name).reshape(len(arr), int(lengths[0]) if len(arr) else 0)
+    return _to_numpy(arr, name)

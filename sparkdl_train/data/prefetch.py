@@ -9,11 +9,13 @@ bounded (``depth`` batches), so memory stays flat however large the partition.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
-from typing import Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 _DONE = object()
 
@@ -66,3 +68,29 @@ def prefetch(items: Iterable[T], depth: int = 8) -> Iterator[T]:
     finally:
         stop.set()
         thread.join(timeout=5.0)
+
+
+def ordered_map(fn: Callable[[T], U], items: Iterable[T], threads: int, depth: int | None = None) -> Iterator[U]:
+    """``map(fn, items)`` on a pool of ``threads`` threads, yielding in input order, at most
+    ``depth`` (default ``2 * threads``) results ahead of the consumer. ``items`` is read in the
+    consumer's thread. The first exception is re-raised in order; pending work is cancelled
+    when the consumer stops early."""
+    if threads <= 1:
+        yield from map(fn, items)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    depth = max(threads, depth or 2 * threads)
+    pending: "collections.deque" = collections.deque()
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sparkdl_train-transform")
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -14,14 +14,18 @@ Defaults follow Spark ML: ``feature_cols="features"``, ``label_col="label"``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import DataError
-from .arrow import column_to_numpy
+from .arrow import column_to_numpy, column_values
 from .batching import Batch
+from .prefetch import ordered_map
+from .transform import ArrowColumns, BatchTransform, slices
+
+STRING = "string"  # a Keras string input: fed as an object array of str / bytes
 
 ColumnsArg = "str | Sequence[str | Sequence[str]] | dict[str, str | Sequence[str]]"
 
@@ -49,18 +53,44 @@ class TensorSpec:
         return f"{self.name!r} (column {cols!r})" if len(self.columns) == 1 else f"{self.name!r} (columns {cols!r})"
 
     def from_arrow(self, rb: pa.RecordBatch) -> np.ndarray:
-        arrays = [column_to_numpy(rb.column(c), c) for c in self.columns]
+        convert = column_values if self.dtype == STRING else column_to_numpy
+        arrays = [convert(rb.column(c), c) for c in self.columns]
         return self.assemble(arrays, rb.num_rows)
 
-    def assemble(self, arrays: list[np.ndarray], n: int) -> np.ndarray:
+    def from_columns(self, get: Callable[[str], Any], n: int, where: str) -> np.ndarray:
+        """The tensor from a transform's output (``get(column)``), checked against the model."""
+        arrays = []
+        for c in self.columns:
+            a = get(c)
+            if isinstance(a, dict):
+                raise DataError(f"{where}: column {c!r} (for {self.describe()}) is a struct; return an array for it")
+            arrays.append(np.asarray(a))
+        return self.assemble(arrays, n, where)
+
+    def assemble(self, arrays: list[np.ndarray], n: int, where: str | None = None) -> np.ndarray:
         if len(arrays) == 1:
             a = arrays[0]
         else:
             a = np.concatenate([x.reshape(n, -1) for x in arrays], axis=1)
-        a = a.astype(self.dtype, copy=False)
-        return self._fit_shape(a, n)
+        a = self._cast(a, where)
+        return self._fit_shape(a, n, where)
 
-    def _fit_shape(self, a: np.ndarray, n: int) -> np.ndarray:
+    def _cast(self, a: np.ndarray, where: str | None) -> np.ndarray:
+        source = f" ({where})" if where else ""
+        if self.dtype == STRING:
+            if a.dtype.kind not in "OUS":
+                raise DataError(f"input {self.describe()}{source} is a string input, but the data has dtype {a.dtype}")
+            return a
+        if a.dtype.kind in "OUSV":
+            first = a.flat[0] if a.size else None
+            what = "bytes" if a.dtype.kind == "S" or isinstance(first, bytes) else "strings" if isinstance(first, str) else f"dtype {a.dtype}"
+            raise DataError(
+                f"input {self.describe()}{source} must be numeric ({self.dtype}) but holds {what}: decode it with a "
+                "transform (fit(..., transform=fn)) or give the model a string input"
+            )
+        return a.astype(self.dtype, copy=False)
+
+    def _fit_shape(self, a: np.ndarray, n: int, where: str | None = None) -> np.ndarray:
         if self.shape is None:
             return a
         got = a.shape[1:]
@@ -74,41 +104,86 @@ class TensorSpec:
             return a
         elif len(got) == 0 and len(self.shape) == 1:
             return a.reshape(n, 1)
+        source = f" ({where})" if where else ""
         raise DataError(
-            f"input {self.describe()} gives rows of shape {got}, but the model expects {tuple(self.shape)}"
+            f"input {self.describe()}{source} gives rows of shape {got}, but the model expects {tuple(self.shape)}"
         )
 
 
 @dataclass(frozen=True)
 class ColumnMapping:
+    """Which columns make which tensors; with a ``transform``, the names are the transform's
+    output keys (falling back to the DataFrame's columns) and ``source`` lists the DataFrame
+    columns the transform is handed (:mod:`sparkdl_train.data.transform`)."""
+
     inputs: tuple[TensorSpec, ...]
     structure: str  # "single" | "list" | "dict"
     label: TensorSpec | None = None
     sample_weight: TensorSpec | None = None
+    transform: BatchTransform | None = None
+    source: tuple[str, ...] = ()
 
     def feature_columns(self) -> list[str]:
         return _unique(c for spec in self.inputs for c in spec.columns)
 
     def columns(self) -> list[str]:
+        """The DataFrame columns to read."""
+        if self.transform is not None:
+            return list(self.source)
         extra = [c for spec in (self.label, self.sample_weight) if spec is not None for c in spec.columns]
         return _unique([*self.feature_columns(), *extra])
 
     def without_labels(self) -> "ColumnMapping":
-        return ColumnMapping(self.inputs, self.structure)
+        return ColumnMapping(self.inputs, self.structure, transform=self.transform, source=self.source)
 
-    def x_from_arrow(self, rb: pa.RecordBatch) -> Any:
-        tensors = [spec.from_arrow(rb) for spec in self.inputs]
+    def with_transform(self, transform: BatchTransform | None, source: Sequence[str]) -> "ColumnMapping":
+        return ColumnMapping(self.inputs, self.structure, self.label, self.sample_weight, transform, tuple(source))
+
+    def _structure(self, tensors: list[np.ndarray]) -> Any:
         if self.structure == "single":
             return tensors[0]
         if self.structure == "dict":
             return {spec.name: t for spec, t in zip(self.inputs, tensors)}
         return tensors
 
-    def batch_from_arrow(self, rb: pa.RecordBatch) -> Batch:
+    def x_from_arrow(self, rb: pa.RecordBatch, where: str = "the batch") -> Any:
+        if self.transform is not None:
+            return self._from_transformed(rb, where, labels=False)[0]
+        return self._structure([spec.from_arrow(rb) for spec in self.inputs])
+
+    def batch_from_arrow(self, rb: pa.RecordBatch, where: str = "the batch") -> Batch:
+        if self.transform is not None:
+            return self._from_transformed(rb, where, labels=True)
         x = self.x_from_arrow(rb)
         y = self.label.from_arrow(rb) if self.label is not None else None
         w = self.sample_weight.from_arrow(rb) if self.sample_weight is not None else None
         return (x, y, w)
+
+    def _from_transformed(self, rb: pa.RecordBatch, where: str, labels: bool) -> Batch:
+        t = self.transform.apply(ArrowColumns(rb), where)
+        n = t.num_rows
+
+        def build(spec: TensorSpec) -> np.ndarray:
+            return spec.from_columns(t.__getitem__, n, f"output of transform {t.name} on {where}")
+
+        x = self._structure([build(spec) for spec in self.inputs])
+        y = build(self.label) if labels and self.label is not None else None
+        w = build(self.sample_weight) if labels and self.sample_weight is not None else None
+        return (x, y, w)
+
+    def chunks(self, batches: Iterable[pa.RecordBatch], partition: int) -> Iterator[Batch]:
+        """A partition's record batches as chunks; a transform runs on slices of ``transform.rows``
+        rows, on ``transform.threads`` threads, in order."""
+        if self.transform is None:
+            for rb in batches:
+                yield self.batch_from_arrow(rb)
+            return
+
+        def work(item: tuple[int, pa.RecordBatch]) -> Batch:
+            start, rb = item
+            return self.batch_from_arrow(rb, f"partition {partition}, rows {start}-{start + rb.num_rows - 1}")
+
+        yield from ordered_map(work, slices(batches, self.transform.rows), self.transform.threads)
 
 
 def _unique(items) -> list[str]:
@@ -141,7 +216,7 @@ def resolve_columns(
     def spec(info: InputInfo | None, cols: tuple[str, ...], default_name: str) -> TensorSpec:
         if info is None:
             return TensorSpec(default_name, cols)
-        dtype = info.dtype if np.dtype(info.dtype).kind in "biuf" else "float32"
+        dtype = STRING if info.dtype == STRING else info.dtype if np.dtype(info.dtype).kind in "biuf" else "float32"
         return TensorSpec(info.name, cols, dtype, info.shape)
 
     if isinstance(feature_cols, dict):

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..data.adapters import ArrayAdapter, DataAdapter, DataFrameAdapter, RDDAdapter, is_dataframe, is_rdd
 from ..data.spec import resolve_columns
+from ..data.transform import BatchTransform
 from ..errors import DataError
 from ..model_io import input_infos
 
@@ -22,13 +23,18 @@ def make_adapter(
     sample_weight_col: str | None = None,
     chunk_rows: int = 1024,
     what: str = "data",
+    transform: BatchTransform | None = None,
 ) -> DataAdapter:
+    """``transform`` applies to DataFrames; arrays and RDD elements are taken as the model's inputs
+    (map an RDD with ``rdd.map`` instead: its elements are already Python objects)."""
     if isinstance(data, DataAdapter):
         return data
     if is_dataframe(data):
         if not hasattr(data, "rdd"):
             raise DataError(f"{what}: Spark Connect DataFrames are not supported; use a classic SparkSession")
         mapping = resolve_columns(input_infos(model), feature_cols, label_col, sample_weight_col, with_labels=labelled)
+        if transform is not None:
+            mapping = mapping.with_transform(transform, data.columns)
         return DataFrameAdapter(data, mapping)
     if is_rdd(data):
         return RDDAdapter(data, labelled=labelled)

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from ..config import EngineConfig, FitConfig, arguments_doc, split_applicable
 from ..data.adapters import DataAdapter, is_dataframe, is_rdd
 from ..data.output import output_columns
+from ..data.transform import BatchTransform
 from ..errors import ConfigError, DataError
 from ..model_io import ModelPayload, check_compiled, serialize_model
 from ..saving import read_saved, write_saved
@@ -62,6 +63,8 @@ class SparkModel:
         allreduce_timeout: float | None = None,
         sparse_embeddings: bool | None = None,
         nan_policy: str | None = None,
+        transform_threads: int | None = None,
+        transform_rows: int | None = None,
         epoch_retries: int | None = None,
         **settings: Any,
     ):
@@ -77,6 +80,7 @@ class SparkModel:
         self._monitor: FitMonitor | None = None
         self._columns: dict[str, Any] = {"feature_cols": "features", "label_col": "label", "sample_weight_col": None}
         self._shipped: tuple[Any, ModelPayload] | None = None  # (what the payload was built from, the payload)
+        self._transform: Any = None  # the user's batch transform (DataFrames), remembered across calls
 
     # -- public API ---------------------------------------------------------------
     @property
@@ -141,6 +145,7 @@ class SparkModel:
         label_col: Any = None,
         sample_weight_col: str | None = None,
         checkpoint_dir: str | None = None,
+        transform: Any = None,
     ) -> Any:
         """Train on ``data`` (DataFrame, RDD of ``(x, y)``) and return a ``keras.callbacks.History``.
 
@@ -160,6 +165,13 @@ class SparkModel:
         holds a checkpoint restores it and continues with the next epoch (the returned
         ``History`` covers the epochs run by this call; ``history.epoch`` numbers them), so
         re-running a failed job's ``fit`` resumes it with the result an uninterrupted run gives.
+
+        ``transform`` (DataFrames only) is a function from a batch's columns to the model's
+        inputs, run on the executors while the model trains: decode image bytes, tokenise text,
+        parse raw fields (:mod:`sparkdl_train.data.transform` states its contract;
+        ``transform_threads`` / ``transform_rows`` settings). ``feature_cols``, ``label_col``
+        and ``sample_weight_col`` then name its output keys. It is remembered, like the columns,
+        for later ``evaluate`` / ``predict`` calls on DataFrames.
         """
         import keras
 
@@ -176,6 +188,7 @@ class SparkModel:
             raise ConfigError("pass either validation_data or validation_split, not both")
         _check_callbacks(callbacks)
         self._remember_columns(feature_cols, label_col, sample_weight_col)
+        self._remember_transform(transform, data)
         model = self._model
         payload = self._payload()
         train = self._adapter(data, labelled=True, what="data")
@@ -285,6 +298,7 @@ class SparkModel:
         feature_cols: Any = None,
         label_col: Any = None,
         sample_weight_col: str | None = None,
+        transform: Any = None,
     ) -> Any:
         """Loss and metrics over all of ``data``, sample-weighted exactly like ``model.evaluate``.
 
@@ -294,6 +308,7 @@ class SparkModel:
         _not_data("evaluate", "batch_size", batch_size)
         FitConfig(batch_size=batch_size)
         self._remember_columns(feature_cols, label_col, sample_weight_col)
+        self._remember_transform(transform, data)
         payload = self._payload()
         adapter = self._adapter(data, labelled=True, what="data")
         conf = self._conf(adapter)
@@ -316,18 +331,21 @@ class SparkModel:
         batch_size: int = 256,
         feature_cols: Any = None,
         prediction_col: str = "prediction",
+        transform: Any = None,
     ) -> Any:
         """Predictions, computed on the executors and never collected.
 
         DataFrame in -> the same DataFrame with a ``prediction_col`` column (a
         double for one value per row, an array of floats otherwise; one column
         per output for multi-output models). RDD of feature rows in -> RDD of
-        prediction arrays, in order. Arrays in -> arrays.
+        prediction arrays, in order. Arrays in -> arrays. A ``transform`` (given here or remembered
+        from ``fit``) runs on the DataFrame's batches as in ``fit`` and must keep every row.
         """
         _not_data("predict", "batch_size", batch_size)
         FitConfig(batch_size=batch_size)
         if feature_cols is not None:
             self._columns["feature_cols"] = feature_cols
+        self._remember_transform(transform, data)
         payload = self._payload()
         adapter = self._adapter(data, labelled=False, what="data")
         conf = self._conf(adapter)
@@ -351,6 +369,28 @@ class SparkModel:
             self._columns["label_col"] = label_col
         self._columns["sample_weight_col"] = sample_weight_col
 
+    def _remember_transform(self, transform: Any, data: Any = None) -> None:
+        if transform is None:
+            return
+        BatchTransform(transform)  # not a function: fails here, naming it
+        if data is not None and not is_dataframe(data) and not isinstance(data, DataAdapter):
+            raise ConfigError(
+                f"transform runs on DataFrame columns, but the data is {type(data).__name__}: for an RDD, map its "
+                "elements (rdd.map(fn)) into (x, y) rows; arrays are taken as the model's inputs as they are"
+            )
+        self._transform = transform
+
+    @property
+    def transform(self) -> Any:
+        """The batch transform DataFrame inputs go through (``fit(..., transform=fn)``); ``None``: none."""
+        return self._transform
+
+    @transform.setter
+    def transform(self, fn: Any) -> None:
+        if fn is not None:
+            BatchTransform(fn)
+        self._transform = fn
+
     def _payload(self) -> ModelPayload:
         """The model as executors rebuild it. Built (and proven rebuildable) once per architecture,
         compile settings and optimizer config: a later fit, evaluate or predict of the same model
@@ -365,7 +405,11 @@ class SparkModel:
         return payload
 
     def _adapter(self, data: Any, labelled: bool, what: str) -> DataAdapter:
-        return make_adapter(data, self._model, labelled=labelled, what=what, **self._columns)
+        transform = None
+        if self._transform is not None:
+            data_cfg = self.config.data
+            transform = BatchTransform(self._transform, threads=data_cfg.transform_threads, rows=data_cfg.transform_rows)
+        return make_adapter(data, self._model, labelled=labelled, what=what, transform=transform, **self._columns)
 
     def _conf(self, adapter: DataAdapter | None = None) -> EngineConfig:
         """The settings this call runs with (over the data's SparkContext's conf, if any)."""

@@ -1,0 +1,42 @@
+"""What a job script run by ``spark-submit`` needs on the driver: the session spark-submit configured,
+and a record of where its training tasks ran."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def submitted_session(app_name: str) -> Any:
+    """The session spark-submit configured. Its --master, --conf and --properties-file reach the JVM
+    that spark-submit started, so nothing here may override them: a SparkConf() read in Python before
+    the JVM gateway exists is empty under spark-submit and says nothing about the master. With no master
+    anywhere (plain `python jobs/train_ctr.py`), Spark's launcher defaults to local[*]: the embedded default."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    SparkContext._ensure_initialized()  # attach to (or start) the JVM, so SparkConf() reads what it was given
+    builder = SparkSession.builder
+    if not SparkConf().contains("spark.app.name"):
+        builder = builder.appName(app_name)
+    return builder.getOrCreate()
+
+
+def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
+    """Where the training tasks ran: the master, the executor ids Spark recorded for them, the Python
+    worker pids beside the driver's, and what the executors' environment check found."""
+    sc = spark.sparkContext
+    parts = [i for e in stats.epochs for i in e.partitions.values()]
+    env = stats.environment or []
+    return {
+        "master": sc.master,
+        "deploy_mode": sc.getConf().get("spark.submit.deployMode", "client"),
+        "application_id": sc.applicationId,
+        "executor_ids": stats.executor_ids(),
+        "worker_pids": sorted({i["pid"] for i in parts}),
+        "worker_hosts": sorted({i["host"] for i in parts}),
+        "driver_pid": os.getpid(),
+        "executor_environment": sorted(
+            {(str(r.get("executor_id")), r["python"], r["modules"]["sparkdl_train"].get("file")) for r in env}
+        ),
+    }
