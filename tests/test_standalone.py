@@ -70,12 +70,14 @@ def test_flagship_job_on_the_standalone_cluster(standalone_cluster, env_archive,
 def test_image_job_decodes_png_bytes_on_the_standalone_executors(standalone_cluster, env_archive, tmp_path):
     """jobs/train_images.py: PNG files read as bytes, decoded by the batch transform (2 threads per task)
     on the executors, from the shipped archive (Pillow included), as accurate as single-process Keras."""
-    args = ["--copies", "1", "--workers", "2", "--epochs", "8", "--transform-threads", "2"]
+    # 2 renderings per digit: with 1 (1,440 training images) asynchronous/batch reached 0.51 against Keras' 0.77 here;
+    # with 2, in-process on local[2]: 0.768 against 0.825
+    args = ["--copies", "2", "--workers", "2", "--epochs", "8", "--transform-threads", "2"]
     conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g"]
     out, s = spark_submit(standalone_cluster.url, args, tmp_path, conf=conf, archives=env_archive, job="train_images.py")
     assert s["master"] == standalone_cluster.url
     assert_ran_on_executors(s["executor_ids"], s["worker_pids"], s["driver_pid"])
     for _, python, module in s["executor_environment"]:
         assert python.endswith("/environment/bin/python") and module.startswith(standalone_cluster.work_dir), (python, module)
-    assert s["train_images"] + s["test_images"] == 1797 and s["transform_threads"] == 2
+    assert s["train_images"] + s["test_images"] == 2 * 1797 and s["transform_threads"] == 2
     assert s["test_accuracy"] > 0.5 and s["test_accuracy"] >= s["reference_test_accuracy"] - 0.1, s
