@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -80,25 +79,15 @@ def communication(stats) -> dict:
 def main(argv: list[str], spark=None) -> dict:
     """Run the job; with ``spark`` given (tests, notebooks) that session is used and left running."""
     cfg = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import functions as F
 
-    from sparkdl_train import SparkModel, check_executors
+    from sparkdl_train import SparkModel
     from sparkdl_train.datasets import criteo
     from sparkdl_train.datasets import ctr as ctr_data
-    from sparkdl_train.driver.submit import submitted_session, where_it_ran
+    from sparkdl_train.driver.submit import start_job, where_it_ran
     from sparkdl_train.models.ctr import MODELS, build_vocabulary, ctr_features
 
-    own_session = spark is None
-    if own_session:
-        spark = submitted_session("sparkdl_train: train_ctr")
-        spark.sparkContext.setLogLevel("WARN")
-    # before any of our code runs on the executors (data generation, vocabulary): a clear error, not a
-    # ModuleNotFoundError in the first task, when their Python lacks sparkdl_train
-    check_executors(spark.sparkContext)
-    out_dir = os.path.abspath(cfg["output"])
-    os.makedirs(out_dir, exist_ok=True)
+    spark, own_session, out_dir = start_job("sparkdl_train: train_ctr", cfg["output"], spark)
 
     t0 = time.perf_counter()
     data_path, data_format = cfg.get("data"), cfg.get("format", "auto")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -46,21 +45,13 @@ def parse_args(argv: list[str]) -> dict:
 def main(argv: list[str], spark=None) -> dict:
     """Run the job; with ``spark`` given (tests, notebooks) that session is used and left running."""
     cfg = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import functions as F
 
-    from sparkdl_train import SparkModel, check_executors
+    from sparkdl_train import SparkModel
     from sparkdl_train.datasets import images
-    from sparkdl_train.driver.submit import submitted_session, where_it_ran
+    from sparkdl_train.driver.submit import start_job, where_it_ran
 
-    own_session = spark is None
-    if own_session:
-        spark = submitted_session("sparkdl_train: train_images")
-        spark.sparkContext.setLogLevel("WARN")
-    check_executors(spark.sparkContext)
-    out_dir = os.path.abspath(cfg["output"])
-    os.makedirs(out_dir, exist_ok=True)
+    spark, own_session, out_dir = start_job("sparkdl_train: train_images", cfg["output"], spark)
 
     data_path = cfg.get("data")
     if not data_path:

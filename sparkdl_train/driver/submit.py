@@ -22,6 +22,27 @@ def submitted_session(app_name: str) -> Any:
     return builder.getOrCreate()
 
 
+def start_job(app_name: str, output: str, spark: Any = None) -> tuple[Any, bool, str]:
+    """A job script's start: logging, the session (``spark`` when given: tests, notebooks; else the
+    submitted one), the executors' environment check before any of our code runs there (a clear
+    error, not a ModuleNotFoundError in the first task), and the output folder. Returns
+    ``(spark, own_session, absolute output folder)``."""
+    import logging
+
+    from ..driver.preflight import check_executors
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    own_session = spark is None
+    if own_session:
+        spark = submitted_session(app_name)
+        spark.sparkContext.setLogLevel("WARN")
+    check_executors(spark.sparkContext)
+    out_dir = os.path.abspath(output)
+    os.makedirs(out_dir, exist_ok=True)
+    return spark, own_session, out_dir
+
+
 def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
     """Where the training tasks ran: the master, the executor ids Spark recorded for them, the Python
     worker pids beside the driver's, and what the executors' environment check found."""
