@@ -72,6 +72,9 @@ def communication(stats) -> dict:
             "bytes_per_push": server["bytes_per_push"],
             "dense_bytes_per_push": server["dense_bytes_per_push"],
             "dense_to_actual_bytes": server["dense_to_actual_bytes"],
+            "delta_scale": server["delta_scale"],
+            "mean_concurrency": server["mean_concurrency"],  # workers active per push, on average
+            "solo_pushes": server["solo_updates"],
         }
     return {"engine": "spark_averaging"}  # synchronous/epoch: state merged by Spark's treeReduce
 

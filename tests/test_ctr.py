@@ -153,7 +153,7 @@ def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, freq
 def test_default_job_gets_within_0_02_of_the_bayes_optimal_auc(tmp_path):
     """The job as shipped and as `./run job` submits it, with no --master: the embedded default local[*]
     (conf/train_ctr.json: 1M generated rows, DeepFM, asynchronous parameter server pushing every 4
-    batches, sparse embedding rows, 1 epoch)."""
+    batches, sparse embedding rows, 2 epochs)."""
     out, s = spark_submit(None, [], tmp_path)
     assert s["train_rows"] + s["test_rows"] == 1_000_000 and s["mode"] == "asynchronous" and s["frequency"] == 4
     assert s["bayes_auc"] - s["test_auc"] <= 0.02, (s["test_auc"], s["bayes_auc"])

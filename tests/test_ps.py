@@ -33,6 +33,21 @@ def test_async_applies_each_delta_and_records_staleness():
     assert st["updates"] == 2 and st["mean_staleness"] == 0.5 and st["worker_steps"] == {0: 1, 1: 1}
 
 
+def test_stats_count_workers_active_at_each_push():
+    """mean_concurrency and solo_updates show whether asynchronous workers really overlapped."""
+    s = ServerState(W, "asynchronous")
+    s.begin_epoch(2)
+    s.join(0)
+    s.push(0, 0, ones(), 1)  # alone: the other worker has not joined yet
+    s.join(1)
+    s.push(0, 1, ones(), 1)
+    s.push(1, 1, ones(), 1)
+    s.leave(0)
+    s.push(1, 3, ones(), 1)  # alone again
+    st = s.stats.as_dict()
+    assert st["solo_updates"] == 2 and st["mean_concurrency"] == (1 + 2 + 2 + 1) / 4
+
+
 def test_async_pull_never_sees_a_half_applied_update():
     s = ServerState(W, "asynchronous")
     before = s.pull()  # being sent

@@ -55,6 +55,8 @@ class PSStats:
     staleness_waits: int = 0
     wait_seconds: float = 0.0
     rejected_connections: int = 0
+    concurrency_sum: int = 0  # workers active when each update arrived, summed
+    solo_updates: int = 0  # updates that arrived while their worker was the only one active
     worker_steps: dict[int, int] = field(default_factory=dict)
     worker_samples: dict[int, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -79,6 +81,8 @@ class PSStats:
             "staleness_waits": self.staleness_waits,
             "wait_seconds": round(self.wait_seconds, 4),
             "rejected_connections": self.rejected_connections,
+            "mean_concurrency": self.concurrency_sum / self.updates if self.updates else 0.0,
+            "solo_updates": self.solo_updates,
             "worker_steps": dict(sorted(self.worker_steps.items())),
             "worker_samples": dict(sorted(self.worker_samples.items())),
         }
@@ -344,6 +348,9 @@ class ServerState:
         st.updates += 1
         st.staleness_sum += staleness
         st.staleness_max = max(st.staleness_max, staleness)
+        active = max(1, len(self._active))
+        st.concurrency_sum += active
+        st.solo_updates += active == 1
         st.worker_steps[worker] = st.worker_steps.get(worker, 0) + 1
         st.worker_samples[worker] = st.worker_samples.get(worker, 0) + samples
 
