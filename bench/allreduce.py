@@ -80,10 +80,10 @@ def _raw_ring(link, out, inc, send_enabled, recv_enabled):
     return time.perf_counter() - start
 
 
-def _rank_main(rank, size, slots, barrier, sizes_mb, repeats, fp16, results):
+def _rank_main(rank, size, slots, barrier, sizes_mb, repeats, fp16, results, tls=None):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     group = ProcessGroup(rank, size, slots, barrier)
-    link = rendezvous(group, "127.0.0.1", b"bench-secret-0123456789abcdef0123", 120, 60)
+    link = rendezvous(group, "127.0.0.1", b"bench-secret-0123456789abcdef0123", 120, 60, tls=tls)
     out = {}
     try:
         for mb in sizes_mb:
@@ -116,13 +116,13 @@ def _rank_main(rank, size, slots, barrier, sizes_mb, repeats, fp16, results):
     results[rank] = json.dumps(out)
 
 
-def run(size, sizes_mb, repeats, fp16):
+def run(size, sizes_mb, repeats, fp16, tls=None):
     ctx = mp.get_context("spawn")
     with ctx.Manager() as mgr:
         slots = mgr.list([None] * size)
         results = mgr.dict()
         barrier = ctx.Barrier(size)
-        procs = [ctx.Process(target=_rank_main, args=(r, size, slots, barrier, sizes_mb, repeats, fp16, results)) for r in range(size)]
+        procs = [ctx.Process(target=_rank_main, args=(r, size, slots, barrier, sizes_mb, repeats, fp16, results, tls)) for r in range(size)]
         for p in procs:
             p.start()
         for p in procs:

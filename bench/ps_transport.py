@@ -73,12 +73,13 @@ def raw_echo_seconds(nbytes: int, reps: int) -> list[float]:
     return times
 
 
-def ps_seconds(nbytes: int, reps: int) -> list[float]:
+def ps_seconds(nbytes: int, reps: int, tls=None) -> list[float]:
+    """Seconds per push + pull round trip; with ``tls`` (a TlsIdentity) over TLS."""
     weights = model_arrays(nbytes)
     secret = b"bench-secret-000000000000000000"
-    server = ParameterServer(ServerState(weights, "asynchronous"), "127.0.0.1", secret).start()
+    server = ParameterServer(ServerState(weights, "asynchronous"), "127.0.0.1", secret, tls=tls).start()
     try:
-        client = PSClient(*server.address, secret, worker=0)
+        client = PSClient(*server.address, secret, worker=0, tls=tls.for_clients() if tls is not None else None)
         delta = [np.full_like(w, 1e-3) for w in weights]
         version, _ = client.pull()
         times = []

@@ -173,6 +173,7 @@ def main(argv: list[str], spark=None) -> dict:
         "train_seconds": train_seconds,
         "data_seconds": gen_seconds,
         "communication": comm,
+        "tls": sm.stats.tls,  # the fit's sockets used TLS (spark.sparkdl_train.network.tls, auto: as Spark encrypts)
         "history": history.history,
         "data": data_path,
         "data_format": data_format,

@@ -280,6 +280,11 @@ class CoreConfig(_Group):
     host: str | None = setting(
         "ps.host", None, Text(optional=True), "Address the driver's servers (parameter server, live reports) bind to "
         "(default: spark.driver.host).", arg="ps_host", argument=False)
+    tls: str = setting(
+        "network.tls", "auto", Choice(("auto", "on", "off"), "tls"),
+        "TLS for the parameter server, the ring allreduce and the report server, with a per-fit certificate pinned by "
+        "fingerprint on the executors: 'on', 'off', or 'auto' (on when spark.network.crypto.enabled, spark.ssl.enabled, "
+        "spark.ssl.rpc.enabled or spark.authenticate is true).", argument=False)
     connect_timeout: float = setting(
         "ps.connectTimeout", 30.0, Seconds(),
         "Seconds a worker waits to connect to the parameter server, a ring peer or the driver's report server, and "

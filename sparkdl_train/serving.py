@@ -22,8 +22,10 @@ log = logging.getLogger(__name__)
 class AuthServer:
     kind = "server"
 
-    def __init__(self, host: str, secret: bytes, port: int = 0, idle_timeout: float = 21600.0, handshake_timeout: float = 10.0):
+    def __init__(self, host: str, secret: bytes, port: int = 0, idle_timeout: float = 21600.0, handshake_timeout: float = 10.0,
+                 tls: "net.TlsIdentity | None" = None):
         self.host = host
+        self.tls = tls  # with it, every connection is TLS with this certificate before the secret's handshake
         self.port = port
         self._secret = secret
         self.idle_timeout = idle_timeout
@@ -122,6 +124,12 @@ class AuthServer:
         worker = None
         try:
             try:
+                if self.tls is not None:
+                    plain = conn
+                    conn = net.wrap_server(conn, self.tls, self.handshake_timeout)
+                    with self._lock:  # stop() must shut the TLS socket, not the one it wraps
+                        self._conns.discard(plain)
+                        self._conns.add(conn)
                 worker = net.server_handshake(conn, self._secret, self.handshake_timeout, self.ok_meta())
             except (net.ProtocolError, OSError) as exc:
                 self.rejected(peer, exc)

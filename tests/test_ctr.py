@@ -170,9 +170,14 @@ def test_default_job_gets_within_0_02_of_the_bayes_optimal_auc(tmp_path):
 @pytest.mark.slow
 def test_job_runs_under_spark_submit_on_local_cluster(tmp_path):
     """Two executor JVMs with their own Python workers; the parameter server on the driver
-    (synchronous rounds every 4 steps: the result does not depend on timing)."""
-    _, s = spark_submit("local-cluster[2,1,2048]", ["--rows", "60000", "--workers", "2", "--mode", "synchronous"], tmp_path)
+    (synchronous rounds every 4 steps: the result does not depend on timing). The cluster
+    authenticates and encrypts its own traffic, so the parameter server and the report server
+    use TLS too (network.tls=auto), with certificates pinned on the executors."""
+    secure = ["spark.authenticate=true", "spark.authenticate.secret=sparkdl-train-test-secret", "spark.network.crypto.enabled=true"]
+    _, s = spark_submit("local-cluster[2,1,2048]", ["--rows", "60000", "--workers", "2", "--mode", "synchronous"], tmp_path,
+                        conf=secure)
     assert s["master"] == "local-cluster[2,1,2048]", s["master"]  # spark-submit's --master, not local[*]
+    assert s["tls"] is True
     assert_ran_on_executors(s["executor_ids"], s["worker_pids"], s["driver_pid"])
     assert s["mode"] == "synchronous" and s["frequency"] == 4
     assert s["workers"] == 2 and s["train_rows"] + s["test_rows"] == 60000

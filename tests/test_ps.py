@@ -172,7 +172,7 @@ def test_wrong_secret_is_refused_and_server_keeps_serving(server):
         _client(server, secret=b"x" * 32)
     with _client(server) as c:
         assert c.pull()[0] == 0
-    assert server.state.stats.rejected_connections == 1
+    wait_until(lambda: server.state.stats.rejected_connections == 1, what="the server to count the refusal")  # on its own thread
 
 
 def _closed(s):

@@ -21,6 +21,7 @@ import json
 import logging
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -37,6 +38,8 @@ FRAME = struct.Struct("<4sB3xIQ")
 DATA = 1
 ABORT = 2
 INLINE_BYTES = 32 * 1024  # small sends are joined with their header
+# a non-blocking send or receive that cannot make progress now (plain TCP, or TLS)
+WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 MAX_ABORT_BYTES = 64 * 1024
 
 
@@ -194,7 +197,7 @@ class TcpLink:
                                     out_pos += nxt.send(part[out_pos:out_pos + (4 << 20)])
                                     if out_pos >= len(part):
                                         out_i, out_pos = out_i + 1, 0
-                            except BlockingIOError:
+                            except WOULD_BLOCK:
                                 pass
                         sending = out_i < 2
                     if receiving:
@@ -223,7 +226,7 @@ class TcpLink:
                                         done_to = hi
                                     if pos >= n:
                                         break
-                            except BlockingIOError:
+                            except WOULD_BLOCK:
                                 pass
                         receiving = got_head < FRAME.size or pos < n
                     if not (sending or receiving):
@@ -322,11 +325,13 @@ def listen(host: str) -> socket.socket:
     return sock
 
 
-def rendezvous(group: Group, host: str, secret: bytes, timeout: float, connect_timeout: float) -> TcpLink | None:
+def rendezvous(group: Group, host: str, secret: bytes, timeout: float, connect_timeout: float,
+               tls: net.TlsIdentity | None = None) -> TcpLink | None:
     """Bind, publish ``host:port`` through ``group.all_gather``, then connect the ring.
 
     Returns ``None`` for a ring of one. The session id mixes a fresh token from
-    every rank, so a connection from another fit, attempt or epoch is refused.
+    every rank, so a connection from another fit, attempt or epoch is refused. With
+    ``tls`` (the fit's shared identity) both links are TLS, the peer's certificate pinned.
     """
     rank, size = group.rank, group.size
     if size == 1:
@@ -338,7 +343,7 @@ def rendezvous(group: Group, host: str, secret: bytes, timeout: float, connect_t
         raw = group.all_gather(json.dumps({"host": host, "port": port, "token": token}))
         peers = _parse_peers(raw, size)
         session = hashlib.sha256("|".join(p.token for p in peers).encode()).digest()
-        return _connect(rank, size, listener, peers, secret, session, timeout, connect_timeout)
+        return _connect(rank, size, listener, peers, secret, session, timeout, connect_timeout, tls)
     finally:
         listener.close()
 
@@ -356,7 +361,7 @@ def _parse_peers(raw: Sequence[str], size: int) -> list[Peer]:
     return peers
 
 
-def _connect(rank, size, listener, peers, secret, session, timeout, connect_timeout) -> TcpLink:
+def _connect(rank, size, listener, peers, secret, session, timeout, connect_timeout, tls=None) -> TcpLink:
     """Authenticate both ring neighbours. The outgoing side (to the next rank) runs here; the
     incoming side (accepting the previous rank) runs on a helper thread, so a stray or forged
     connection that holds the listener cannot block this rank from answering its next
@@ -369,17 +374,23 @@ def _connect(rank, size, listener, peers, secret, session, timeout, connect_time
 
     def incoming() -> None:
         try:
-            box["sock"] = _accept_prev(listener, prev, rank, secret, session, deadline, stop)
+            box["sock"] = _accept_prev(listener, prev, rank, secret, session, deadline, stop, tls)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             box["error"] = exc
 
     helper = threading.Thread(target=incoming, name=f"sparkdl_train-ring-accept-{rank}", daemon=True)
     try:
         out.settimeout(connect_timeout)
+        if tls is not None:
+            # the next rank completes the TLS handshake on its accepting thread: start ours first,
+            # or every rank would wait in its handshake for a neighbour that is not yet accepting
+            helper.start()
+            out = net.wrap_client(out, tls, connect_timeout)
         c_nonce = net.new_nonce()
         # 1. HELLO to the next rank (small: lands in its buffer, no waiting)
         net.send(out, net.Msg.HELLO, {"rank": rank, "nonce": c_nonce.hex()})
-        helper.start()
+        if tls is None:
+            helper.start()
         # 2. the next rank's challenge: check it knows the secret, prove we do
         kind, meta, _, _ = net.recv(out, net.PREAUTH_MAX_BYTES)
         net.expect(net.Msg.CHALLENGE, kind, meta)
@@ -421,11 +432,11 @@ def _abandon(out: socket.socket, stop: threading.Event, helper: threading.Thread
         sock.close()
 
 
-def _accept_prev(listener, prev, rank, secret, session, deadline, stop) -> socket.socket:
+def _accept_prev(listener, prev, rank, secret, session, deadline, stop, tls=None) -> socket.socket:
     """Accept and authenticate the previous rank; connections that claim its rank but fail the
     handshake are dropped and accepting goes on until the deadline."""
     while True:
-        inc, p_nonce, s_nonce = _accept(listener, prev, deadline, rank, stop)
+        inc, p_nonce, s_nonce = _accept(listener, prev, deadline, rank, stop, tls)
         try:
             net.send(inc, net.Msg.CHALLENGE, {
                 "nonce": s_nonce.hex(),
@@ -452,7 +463,8 @@ def _dial(peer: Peer, peer_rank: int, deadline: float, rank: int) -> socket.sock
     raise RingTimeout(f"rank {rank}: cannot connect to rank {peer_rank} at {peer.host}:{peer.port}: {last}")
 
 
-def _accept(listener: socket.socket, prev: int, deadline: float, rank: int, stop: threading.Event | None = None) -> tuple[socket.socket, bytes, bytes]:
+def _accept(listener: socket.socket, prev: int, deadline: float, rank: int, stop: threading.Event | None = None,
+            tls: net.TlsIdentity | None = None) -> tuple[socket.socket, bytes, bytes]:
     """Accept until the previous rank says HELLO; strays and wrong ranks are dropped."""
     while True:
         left = deadline - time.monotonic()
@@ -467,6 +479,7 @@ def _accept(listener: socket.socket, prev: int, deadline: float, rank: int, stop
             continue
         conn.settimeout(max(0.1, min(left, 10.0)))
         try:
+            conn = net.wrap_server(conn, tls, max(0.1, min(left, 10.0)))
             kind, meta, _, _ = net.recv(conn, net.PREAUTH_MAX_BYTES)
             if kind != net.Msg.HELLO or meta.get("rank") != prev:
                 raise net.ProtocolError(f"unexpected {kind.name} from {addr}")

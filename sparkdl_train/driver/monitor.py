@@ -26,7 +26,7 @@ import uuid
 from typing import Any, Callable, TypeVar
 
 from ..errors import FitCancelled
-from ..net import new_secret
+from ..net import new_identity, new_secret
 from ..worker.report import ReportSettings
 from .progress import FitProgress
 from .reports import EpochTally, ReportServer
@@ -60,6 +60,7 @@ class FitMonitor:
         host: str,
         interval: float,
         live: bool,
+        tls: bool = False,
     ):
         self.sc = sc
         self.model = model
@@ -75,13 +76,14 @@ class FitMonitor:
         self._saved: dict[str, str | None] = {}
         self._server: ReportServer | None = None
         self._secret = new_secret()
+        self._tls = new_identity("sparkdl_train report server") if tls else None
         self.stop_requested = False
         self.reports_received = 0
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> "FitMonitor":
         if self.live:  # first: if it cannot bind, nothing else has been changed yet
-            self._server = ReportServer(self.host, self._secret).start()
+            self._server = ReportServer(self.host, self._secret, tls=self._tls).start()
         sc = self.sc
         if sc is not None:
             self._saved = {k: sc.getLocalProperty(k) for k in _GROUP_PROPS}
@@ -112,7 +114,8 @@ class FitMonitor:
         if self._server is None:
             return None
         host, port = self._server.address
-        return ReportSettings(host, port, self._secret, epoch, self.interval)
+        return ReportSettings(host, port, self._secret, epoch, self.interval,
+                              tls=self._tls.for_clients() if self._tls is not None else None)
 
     # -- one epoch --------------------------------------------------------------------
     def run(self, epoch: int, action: Callable[[], T]) -> T:

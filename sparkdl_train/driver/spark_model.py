@@ -15,7 +15,7 @@ from ..errors import ConfigError, DataError
 from ..model_io import ModelPayload, check_compiled, serialize_model
 from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
-from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs
+from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs, use_tls
 from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
 from .progress import FitProgress
@@ -211,8 +211,10 @@ class SparkModel:
         cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
                                           verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None)
         progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, launch.workers, log_interval=config.core.log_interval)
+        secure = use_tls(config, sc)
+        self.stats.tls = secure
         monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
-                             live=fit_cfg.verbose == 1 or bool(callbacks))
+                             live=fit_cfg.verbose == 1 or bool(callbacks), tls=secure)
         self._monitor = monitor
         loop = _EpochLoop(train, val, SharedRefs(payload), settings, fit_cfg, cb, progress, monitor, checkpointer)
         model.stop_training = False

@@ -32,6 +32,7 @@ class FitStats:
     reports: int = 0  # live progress reports received from workers
     master: str | None = None  # the Spark master the fit ran on
     environment: list[dict[str, Any]] | None = None  # the executor environment check's reports (preflight)
+    tls: bool = False  # the fit's sockets (parameter server, ring, reports) used TLS
 
     def executor_ids(self) -> list[str]:
         """The executors that ran this fit's training tasks (``"driver"`` in local mode)."""
@@ -48,6 +49,7 @@ class FitStats:
             "master": self.master,
             "executor_ids": self.executor_ids(),
             "environment": self.environment,
+            "tls": self.tls,
             "epochs": [
                 {
                     "epoch": e.epoch,

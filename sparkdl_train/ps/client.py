@@ -12,7 +12,8 @@ from . import protocol as P
 
 
 class PSClient:
-    def __init__(self, host: str, port: int, secret: bytes, worker: int, timeout: float = 660.0, connect_timeout: float = 30.0, max_frame_bytes: int = 1 << 34):
+    def __init__(self, host: str, port: int, secret: bytes, worker: int, timeout: float = 660.0, connect_timeout: float = 30.0,
+                 max_frame_bytes: int = 1 << 34, tls: net.TlsIdentity | None = None):
         self.worker = worker
         self.max_frame_bytes = max_frame_bytes
         self.bytes_sent = 0
@@ -24,6 +25,7 @@ class PSClient:
             raise ConnectionError(f"cannot reach the parameter server at {host}:{port} from this executor: {exc}") from exc
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            self._sock = net.wrap_client(self._sock, tls, connect_timeout)
             self._handshake(secret)
         except BaseException:
             self._sock.close()

@@ -25,8 +25,9 @@ class ParameterServer(AuthServer):
         port: int = 0,
         idle_timeout: float = 21600.0,
         handshake_timeout: float = 10.0,
+        tls: net.TlsIdentity | None = None,
     ):
-        super().__init__(host, secret, port, idle_timeout, handshake_timeout)
+        super().__init__(host, secret, port, idle_timeout, handshake_timeout, tls=tls)
         self.state = state
         # a push carries one delta per weight, and for a table at most every row id twice
         # (touched and wanted, int64); allow framing overhead on top

@@ -36,6 +36,7 @@ from ..data.batching import Batch, num_rows
 from ..errors import SparkDLError
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
+from ..net.tls import TlsIdentity
 from .fused_step import FusedStep
 from .report import ReportSettings
 from .tasks import PartitionPass, Ref, StepSettings, on_task_device
@@ -53,6 +54,7 @@ class RingSettings:
     compression: str | None = None
     lr_scaling: str = "none"
     host: str | None = None  # None: the executor address Spark reports for this task
+    tls: TlsIdentity | None = None  # the fit's ring identity (key included: every rank accepts one peer)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,8 @@ class AllreduceTrainTask:
         link = None
         try:
             run = PartitionPass(self.payload, self.state, self.settings, partition, device=device, epoch=self.epoch, report=self.report)
-            link = rendezvous(group, self.ring.host or host, self.ring.secret, self.ring.timeout, self.ring.connect_timeout)
+            link = rendezvous(group, self.ring.host or host, self.ring.secret, self.ring.timeout, self.ring.connect_timeout,
+                              tls=self.ring.tls)
             return self._train(run, chunks, link, rank, size)
         except PeerAborted as exc:
             if link is not None and exc.origin != rank:

@@ -14,6 +14,7 @@ import numpy as np
 from ..data.batching import Batch
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state
+from ..net.tls import TlsIdentity
 from ..ps.client import PSClient
 from .report import ReportSettings
 from .sparse import Lookahead, SparseTable, TableSync
@@ -35,6 +36,7 @@ class PSSettings:
     timeout: float = 660.0
     connect_timeout: float = 30.0
     tables: tuple[SparseTable, ...] = ()  # embedding tables pushed and pulled by rows
+    tls: TlsIdentity | None = None  # the server's pinned certificate (no key), when the fit uses TLS
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class PSTrainTask:
         def want() -> dict[int, np.ndarray] | None:
             return sync.want(ahead.peek(window)) if window else None
 
-        with PSClient(ps.host, ps.port, ps.secret, partition, ps.timeout, ps.connect_timeout) as client:
+        with PSClient(ps.host, ps.port, ps.secret, partition, ps.timeout, ps.connect_timeout, tls=ps.tls) as client:
             wanted = want()
             version, fresh = client.pull(wanted)
             sync.receive(fresh, wanted)

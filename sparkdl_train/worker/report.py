@@ -30,6 +30,7 @@ class ReportSettings:
     epoch: int
     interval: float = 0.5  # seconds between two reports of one task
     timeout: float = 10.0
+    tls: net.TlsIdentity | None = None  # the report server's pinned certificate (no key)
 
 
 def scalar_logs(model: Any) -> dict[str, float]:
@@ -75,6 +76,7 @@ class Reporter:
             if self._sock is None:
                 self._sock = socket.create_connection((s.host, s.port), timeout=s.timeout)
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._sock = net.wrap_client(self._sock, s.tls, s.timeout)
                 net.client_handshake(self._sock, self.partition, s.secret)
             meta = {
                 "epoch": s.epoch,

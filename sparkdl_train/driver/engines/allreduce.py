@@ -17,10 +17,10 @@ from ...data.adapters import DataAdapter
 from ...errors import ConfigError, ConsistencyError, WorkerError
 from ...failures import Cause, FailurePolicy
 from ...model_io import metrics_result, set_metric_state, set_state
-from ...net import new_secret
+from ...net import new_identity, new_secret
 from ...worker.allreduce_task import AllreduceTrainTask, RingSettings
 from ..stats import EpochStats
-from .base import Engine, EpochContext, Launch, run_epoch
+from .base import Engine, EpochContext, Launch, run_epoch, use_tls
 from .slots import barrier_slots, check_barrier_launch
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ class AllreduceEngine(Engine):
         check_learning_rate(model, config)
         super().__init__(config, model, sc, launch)
         self.secret = new_secret()  # per fit; proves ring peers belong to it
+        # every rank accepts its previous rank: they share one identity, key included
+        self.tls = new_identity("sparkdl_train ring") if use_tls(config, sc) else None
         self.totals = {"steps": 0, "bytes_sent": 0, "bytes_received": 0, "comm_seconds": 0.0, "epoch_retries": 0}
 
     def stats(self) -> dict[str, Any]:
@@ -70,6 +72,7 @@ class AllreduceEngine(Engine):
         rs = RingSettings(
             self.secret, timeout=c.allreduce.timeout, connect_timeout=c.core.connect_timeout,
             compression=None if c.allreduce.compression in (None, "none") else c.allreduce.compression, lr_scaling=c.allreduce.lr_scaling,
+            tls=self.tls,
         )
         # Spark never re-runs a failed barrier ResultStage, so the engine does: the driver's model
         # still holds the epoch's starting state (the last checkpoint), and a new stage starts

@@ -40,6 +40,7 @@ from ...data.adapters import DataAdapter
 from ...errors import DataError
 from ...merge import Partial
 from ...model_io import metrics_result, set_metric_state
+from ...net import tls
 from ...worker.tasks import EvaluateTask, StepSettings
 from ..executors import locate
 from ..monitor import FitMonitor
@@ -107,6 +108,13 @@ class Engine:
 
 def default_workers(sc: Any, train: DataAdapter) -> int:
     return sc.defaultParallelism if sc is not None else train.num_partitions()
+
+
+def use_tls(config: EngineConfig, sc: Any) -> bool:
+    """Whether this fit's sockets use TLS (``spark.sparkdl_train.network.tls``; ``auto`` follows
+    Spark's own encryption and authentication settings)."""
+    conf = dict(sc.getConf().getAll()) if sc is not None else {}
+    return tls.wanted(config.core.tls, conf)
 
 
 def driver_host(config: EngineConfig, sc: Any) -> str:

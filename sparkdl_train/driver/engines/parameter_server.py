@@ -15,14 +15,14 @@ from typing import Any
 from ...config import EngineConfig
 from ...data.adapters import DataAdapter
 from ...model_io import metrics_result, set_metric_state, set_optimizer_state
-from ...net import new_secret
+from ...net import new_identity, new_secret
 from ...ps.protocol import dense_exchange_bytes
 from ...ps.server import ParameterServer
 from ...ps.state import ServerState
 from ...worker.ps_task import PSSettings, PSTrainTask
 from ..sparse import find_tables
 from ..stats import EpochStats
-from .base import Engine, EpochContext, Launch, driver_host, run_epoch
+from .base import Engine, EpochContext, Launch, driver_host, run_epoch, use_tls
 from .slots import check_concurrent_slots
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ class ParameterServerEngine(Engine):
             sparse=[t.index for t in self.tables],
         )
         self.dense_bytes_per_push = dense_exchange_bytes(weights)
-        self.server = ParameterServer(self.state, host, self.secret, port=config.ps.port, idle_timeout=config.ps.idle_timeout)
+        self.tls = new_identity("sparkdl_train parameter server") if use_tls(config, sc) else None
+        self.server = ParameterServer(self.state, host, self.secret, port=config.ps.port, idle_timeout=config.ps.idle_timeout, tls=self.tls)
         freq = config.frequency
         self.every = None if freq == "epoch" else 1 if freq == "batch" else int(freq)
         # Applied one by one, K full deltas move the model K times as far as one worker would:
@@ -105,6 +106,7 @@ class ParameterServerEngine(Engine):
         ps = PSSettings(
             host, port, self.secret, self.every, scale=self.scale,
             timeout=self.config.ps.round_timeout + 60, connect_timeout=self.config.core.connect_timeout, tables=self.tables,
+            tls=self.tls.for_clients() if self.tls is not None else None,
         )
         self.state.begin_epoch(self.workers)
         partial, stats = run_epoch(ctx, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r))
