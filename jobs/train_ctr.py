@@ -45,6 +45,10 @@ def parse_args(argv: list[str]) -> dict:
     p.add_argument("--vocab-min-count", type=int, dest="vocab_min_count", help="values seen fewer times share an out-of-vocabulary id")
     p.add_argument("--output", help="folder for the model, generated data and summary.json")
     p.add_argument("--seed", type=int)
+    p.add_argument("--checkpoint-dir", dest="checkpoint_dir",
+                   help="write the full training state here after every epoch (any Hadoop path)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in --checkpoint-dir (after a lost driver: submit the same command with --resume)")
     args = vars(p.parse_args(argv))
     config_path = args.pop("config")
     with open(config_path) as f:
@@ -79,6 +83,26 @@ def communication(stats) -> dict:
     return {"engine": "spark_averaging"}  # synchronous/epoch: state merged by Spark's treeReduce
 
 
+def resume_point(cfg: dict, spark) -> int | None:
+    """Epochs done in --checkpoint-dir's checkpoint. A checkpoint is continued only with --resume,
+    so that a new run never silently starts from an old one."""
+    from sparkdl_train.driver.checkpoint import Checkpointer
+    from sparkdl_train.errors import ConfigError
+
+    if not cfg.get("checkpoint_dir"):
+        if cfg.get("resume"):
+            raise ConfigError("--resume needs --checkpoint-dir: the folder the interrupted run wrote its checkpoints to")
+        return None
+    done = Checkpointer(cfg["checkpoint_dir"], sc=spark.sparkContext).epochs_done()
+    if done is not None and not cfg.get("resume"):
+        raise ConfigError(
+            f"--checkpoint-dir {cfg['checkpoint_dir']} already holds a checkpoint after epoch {done}: pass --resume to "
+            "continue from it, or choose an empty folder to start over")
+    if done is None and cfg.get("resume"):
+        print(f"--resume: {cfg['checkpoint_dir']} holds no checkpoint yet, starting from epoch 1")
+    return done
+
+
 def main(argv: list[str], spark=None) -> dict:
     """Run the job; with ``spark`` given (tests, notebooks) that session is used and left running."""
     cfg = parse_args(argv)
@@ -91,6 +115,7 @@ def main(argv: list[str], spark=None) -> dict:
     from sparkdl_train.models.ctr import MODELS, build_vocabulary, ctr_features
 
     spark, own_session, out_dir = start_job("sparkdl_train: train_ctr", cfg["output"], spark)
+    resumed_from = resume_point(cfg, spark)  # before any work: a checkpoint without --resume is refused
 
     t0 = time.perf_counter()
     data_path, data_format = cfg.get("data"), cfg.get("format", "auto")
@@ -138,7 +163,8 @@ def main(argv: list[str], spark=None) -> dict:
     columns = {"feature_cols": {"numeric": "numeric", "categorical": "categorical"}, "label_col": "label"}
     sm = SparkModel(model, mode=cfg["mode"], frequency=cfg["frequency"], num_workers=cfg.get("workers"), seed=cfg["seed"])
     t1 = time.perf_counter()
-    history = sm.fit(train, epochs=cfg["epochs"], batch_size=cfg["batch_size"], validation_data=test, verbose=1, **columns)
+    history = sm.fit(train, epochs=cfg["epochs"], batch_size=cfg["batch_size"], validation_data=test, verbose=1,
+                     checkpoint_dir=cfg.get("checkpoint_dir"), **columns)
     train_seconds = time.perf_counter() - t1
 
     test_logs = sm.evaluate(test, batch_size=4096, return_dict=True, **columns)
@@ -173,7 +199,10 @@ def main(argv: list[str], spark=None) -> dict:
         "train_seconds": train_seconds,
         "data_seconds": gen_seconds,
         "communication": comm,
-        "tls": sm.stats.tls,  # the fit's sockets used TLS (spark.sparkdl_train.network.tls, auto: as Spark encrypts)
+        "tls": sm.stats.tls,  # the fit's sockets used TLS (network.tls; auto: as Spark encrypts)
+        "checkpoint_dir": cfg.get("checkpoint_dir"),
+        "resumed_from_epoch": resumed_from,  # completed epochs the checkpoint held (None: a fresh start)
+        "epoch_samples": [e.samples for e in sm.stats.epochs],  # the epochs this run trained
         "history": history.history,
         "data": data_path,
         "data_format": data_format,

@@ -75,6 +75,20 @@ def spark_submit(master, args, out, conf=(), archives=None, timeout=1200, job="t
 
     With ``archives`` the executors run ``./environment/bin/python`` from that archive, as on a real
     cluster; otherwise this venv's Python (PYSPARK_PYTHON)."""
+    cmd, env = submit_command(master, args, out, conf, archives, job)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    summary = {"train_ctr.py": "summary.json", "train_images.py": "images_summary.json"}[job]
+    if job == "train_ctr.py":
+        assert "test AUC" in proc.stdout and "Bayes-optimal" in proc.stdout
+    else:
+        assert "test accuracy" in proc.stdout
+    with open(os.path.join(str(out), summary)) as f:
+        return proc.stdout + proc.stderr, json.load(f)
+
+
+def submit_command(master, args, out, conf=(), archives=None, job="train_ctr.py"):
+    """The ``spark-submit`` command line and environment :func:`spark_submit` runs."""
     spark_submit_bin = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     cmd = [spark_submit_bin, "--conf", "spark.ui.showConsoleProgress=false", "--conf", f"spark.python.daemon.module={DAEMON}"]
@@ -87,15 +101,7 @@ def spark_submit(master, args, out, conf=(), archives=None, timeout=1200, job="t
     for c in conf:
         cmd += ["--conf", c]
     cmd += [os.path.join(ROOT, "jobs", job), *args, "--output", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    summary = {"train_ctr.py": "summary.json", "train_images.py": "images_summary.json"}[job]
-    if job == "train_ctr.py":
-        assert "test AUC" in proc.stdout and "Bayes-optimal" in proc.stdout
-    else:
-        assert "test accuracy" in proc.stdout
-    with open(os.path.join(str(out), summary)) as f:
-        return proc.stdout + proc.stderr, json.load(f)
+    return cmd, env
 
 
 def assert_ran_on_executors(executor_ids, worker_pids, driver_pid, expected=2):

@@ -1,9 +1,13 @@
+import json
 import os
+import signal
+import subprocess
+import time
 
 import keras
 import numpy as np
 import pytest
-from helpers import assert_ran_on_executors, spark_submit
+from helpers import assert_ran_on_executors, spark_submit, submit_command
 
 from sparkdl_train.datasets import ctr
 from sparkdl_train.models.ctr import Vocabulary, build_vocabulary, ctr_features, deepfm, wide_and_deep
@@ -207,3 +211,47 @@ def test_job_reads_criteo_tsv_with_gzip_missing_values_and_malformed_lines(spark
     assert p["data_format"] == "parquet" and p["malformed"] is None
     # the same rows (1% of fields blanked in the TSV; another random test split): the same quality
     assert abs(s["test_auc"] - p["test_auc"]) < 0.02 and s["test_auc"] > 0.75, (s["test_auc"], p["test_auc"], p["bayes_auc"])
+
+
+@pytest.mark.slow
+def test_job_resumes_after_its_driver_is_killed_with_the_uninterrupted_result(tmp_path):
+    """SIGKILL the driver (spark-submit's whole process group) after its second epoch's checkpoint;
+    the same command with --resume continues from it and ends with the weights of a run that was
+    never interrupted (synchronous model averaging: deterministic)."""
+    common = ["--rows", "40000", "--workers", "2", "--mode", "synchronous", "--frequency", "epoch", "--epochs", "4"]
+
+    def args(name, *extra):
+        return [*common, "--checkpoint-dir", str(tmp_path / name / "ckpt"), *extra]
+
+    _, ref = spark_submit("local[2]", args("ref"), tmp_path / "ref")
+
+    cmd, env = submit_command("local[2]", args("run"), tmp_path / "run")
+    pointer = tmp_path / "run" / "ckpt" / "checkpoint.json"
+    victim = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (pointer.exists() and json.loads(pointer.read_text() or "{}").get("epochs_done", 0) >= 2):
+            assert victim.poll() is None, "the job ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint after epoch 2"
+            time.sleep(0.2)
+    finally:
+        os.killpg(victim.pid, signal.SIGKILL)  # the driver JVM, its Python driver and workers: nothing flushed
+        victim.wait(60)
+    done = json.loads(pointer.read_text())["epochs_done"]
+    assert 2 <= done < 4
+
+    # the same command without --resume is refused rather than starting over on top of it
+    cmd, env = submit_command("local[2]", args("run"), tmp_path / "run")
+    refused = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "pass --resume" in refused.stdout + refused.stderr
+
+    _, s = spark_submit("local[2]", args("run", "--resume"), tmp_path / "run")
+    assert s["resumed_from_epoch"] == done and len(s["epoch_samples"]) == 4 - done
+    assert s["epoch_samples"] == ref["epoch_samples"][done:]  # each remaining epoch once, every sample
+    assert len(s["history"]["loss"]) == 4 - done  # the History of this run: the epochs it trained
+    a = keras.saving.load_model(ref["model_path"]).get_weights()
+    b = keras.saving.load_model(s["model_path"]).get_weights()
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    assert s["test_auc"] == pytest.approx(ref["test_auc"], abs=1e-5)
+

@@ -71,6 +71,11 @@ class Checkpointer:
                 return meta
         return None
 
+    def epochs_done(self) -> int | None:
+        """Completed epochs of the latest checkpoint under ``path``; ``None`` when it holds none."""
+        meta = self._read_pointer()
+        return None if meta is None else int(meta["epochs_done"])
+
     def restore(self, model: Any) -> Restored | None:
         """Load the latest checkpoint into ``model``; ``None`` when the directory holds none."""
         meta = self._read_pointer()
