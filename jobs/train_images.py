@@ -28,6 +28,7 @@ def parse_args(argv: list[str]) -> dict:
     p.add_argument("--frequency", default="batch", help="epoch | batch | N (parameter-server modes)")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=64, dest="batch_size")
+    p.add_argument("--learning-rate", type=float, default=5e-3, dest="learning_rate", help="Adam's learning rate (the reference uses it too)")
     p.add_argument("--workers", type=int, help="training partitions (default: default parallelism)")
     p.add_argument("--transform-threads", type=int, default=1, dest="transform_threads", help="decoding threads per task")
     p.add_argument("--augment", action="store_true", help="random shifts of up to 2 pixels while training")
@@ -68,7 +69,7 @@ def main(argv: list[str], spark=None) -> dict:
     n_train, n_test = train.count(), test.count()
 
     plain = images.DigitsTransform(augment=False)
-    model = images.cnn(seed=cfg["seed"])
+    model = images.cnn(seed=cfg["seed"], learning_rate=cfg["learning_rate"])
     sm = SparkModel(model, mode=cfg["mode"], frequency=cfg["frequency"], num_workers=cfg.get("workers"), seed=cfg["seed"],
                     transform_threads=cfg["transform_threads"])
     columns = {"feature_cols": "image", "label_col": "label"}
@@ -134,7 +135,7 @@ def single_process_reference(train, test, transform, cfg) -> dict:
 
     x, y = decoded(train)
     xt, yt = decoded(test)
-    model = images.cnn(seed=cfg["seed"])
+    model = images.cnn(seed=cfg["seed"], learning_rate=cfg["learning_rate"])
     t0 = time.perf_counter()
     model.fit(x, y, epochs=cfg["epochs"], batch_size=cfg["batch_size"], shuffle=True, verbose=0)
     seconds = time.perf_counter() - t0

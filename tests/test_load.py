@@ -92,3 +92,46 @@ def test_ten_thousand_pushes_from_many_processes_leave_memory_threads_and_speed_
     while threading.active_count() > threads_before - 1 and time.monotonic() < wait:  # the accept thread is gone too
         time.sleep(0.05)
     assert threading.active_count() <= threads_before - 1, report
+
+
+def jvm_heap_used_mb(sc) -> float:
+    sc._jvm.java.lang.System.gc()
+    rt = sc._jvm.java.lang.Runtime.getRuntime()
+    return (rt.totalMemory() - rt.freeMemory()) / 2**20
+
+
+@pytest.mark.soak
+def test_two_hundred_short_fits_in_one_session_leave_nothing_behind(sc, digits):
+    """200 short fits, cycling model averaging, the asynchronous parameter server and the ring (half
+    of them with live reports): threads, sockets, cached RDDs, driver memory and JVM heap stay flat."""
+    import gc
+
+    from helpers import make_mlp
+
+    from sparkdl_train import SparkModel, to_simple_rdd
+
+    x, y, _, _ = digits
+    rdd = to_simple_rdd(sc, x[:128], y[:128], 2)
+    model = make_mlp()
+    modes = [{"mode": "synchronous"}, {"mode": "asynchronous", "frequency": "batch"}, {"mode": "allreduce"}]
+    rows = []  # (fit, threads, fds, cached RDDs, RSS MiB, JVM heap MiB)
+    t0 = time.perf_counter()
+    for i in range(200):
+        SparkModel(model, num_workers=2, **modes[i % 3]).fit(rdd, epochs=1, batch_size=64, verbose=i % 2)
+        if i % 10 == 9:
+            gc.collect()
+            rows.append((i + 1, threading.active_count(), len(os.listdir("/proc/self/fd")),
+                         sc._jsc.sc().getPersistentRDDs().size(), rss_mb(), jvm_heap_used_mb(sc)))
+    seconds = time.perf_counter() - t0
+    fits, threads, fds, cached, rss, heap = map(np.array, zip(*rows))
+    warm = fits >= 30  # the first fits load TensorFlow's and Spark's caches
+    rss_slope, heap_slope = slope(fits[warm], rss[warm]) * 100, slope(fits[warm], heap[warm]) * 100
+    report = (f"200 fits in {seconds:.0f} s; threads {threads.min()}-{threads.max()}, fds {fds.min()}-{fds.max()}, cached RDDs "
+              f"{cached.min()}-{cached.max()}, driver RSS {rss[warm].min():.0f}-{rss.max():.0f} MiB (slope {rss_slope:+.1f} MiB "
+              f"per 100 fits), JVM heap {heap.min():.0f}-{heap.max():.0f} MiB (slope {heap_slope:+.1f} MiB per 100 fits)")
+    print(report)
+    assert threads.max() == threads.min() and [t.name for t in threading.enumerate() if t.name.startswith("sparkdl_train-")] == []
+    assert fds[warm].max() - fds[warm].min() <= 4, report
+    assert cached.max() == cached.min(), report
+    assert rss_slope < 30, report  # Keras/TF keep some per-model caches; a leak of a fit's state would be far more
+    assert heap_slope < 20, report

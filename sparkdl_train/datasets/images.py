@@ -121,7 +121,7 @@ class DigitsTransform:
         return {"image": images, "label": labels_from_paths(paths)}
 
 
-def cnn(classes: int = 10, size: int = SIZE, seed: int = 0, learning_rate: float = 2e-3) -> Any:
+def cnn(classes: int = 10, size: int = SIZE, seed: int = 0, learning_rate: float = 5e-3) -> Any:
     """A small CNN for the digits (about 30k parameters)."""
     import keras
 
