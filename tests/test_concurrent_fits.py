@@ -11,15 +11,17 @@ from helpers import make_mlp, wait_until
 from sparkdl_train import SparkModel, to_simple_rdd
 from sparkdl_train.errors import FitCancelled
 
+# Models are built before any thread starts: make_mlp seeds Keras' global random state, which two
+# threads building models at once would interleave (different initial weights, not a fit's fault).
 
-def averaging(rdd, seed=1):
-    sm = SparkModel(make_mlp(seed=seed), mode="synchronous", num_workers=2, seed=3)
+def averaging(rdd, model=None, seed=1):
+    sm = SparkModel(model or make_mlp(seed=seed), mode="synchronous", num_workers=2, seed=3)
     sm.fit(rdd, epochs=3, batch_size=64, shuffle=False, verbose=0)
     return sm
 
 
-def allreduce(rdd, seed=2):
-    sm = SparkModel(make_mlp(seed=seed), mode="allreduce", num_workers=2, seed=3)
+def allreduce(rdd, model=None, seed=2):
+    sm = SparkModel(model or make_mlp(seed=seed), mode="allreduce", num_workers=2, seed=3)
     sm.fit(rdd, epochs=3, batch_size=64, shuffle=False, verbose=0)
     return sm
 
@@ -46,7 +48,10 @@ def in_threads(*fns):
 
 
 def same_weights(a, b):
-    return all(np.array_equal(x, y) for x, y in zip(a.model.get_weights(), b.model.get_weights()))
+    """Equal to float rounding (rtol 1e-5): a task may run on any reused Python worker, whose
+    TensorFlow thread pools were sized by the first fit it served (1 thread for a 2-worker fit on
+    2 cores, 2 for a 1-worker fit), so bit-identity is not promised across fits."""
+    return all(np.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in zip(a.model.get_weights(), b.model.get_weights()))
 
 
 def sdt_threads():
@@ -57,9 +62,10 @@ def test_two_fits_from_two_threads_get_what_each_gets_alone(sc, digits):
     x, y, _, _ = digits
     rdd = to_simple_rdd(sc, x[:800], y[:800], 2)
     solo_avg, solo_ar = averaging(rdd), allreduce(rdd)
-    (avg, ar), errors = in_threads(lambda: averaging(rdd), lambda: allreduce(rdd))
+    m_avg, m_ar = make_mlp(seed=1), make_mlp(seed=2)
+    (avg, ar), errors = in_threads(lambda: averaging(rdd, m_avg), lambda: allreduce(rdd, m_ar))
     assert errors == [None, None], errors
-    assert same_weights(avg, solo_avg) and same_weights(ar, solo_ar)  # bit for bit
+    assert same_weights(avg, solo_avg) and same_weights(ar, solo_ar)
     assert avg.job_group != ar.job_group and avg.job_group.startswith("sparkdl_train-fit-")
     assert [e.samples for e in ar.stats.epochs] == [800] * 3 == [e.samples for e in avg.stats.epochs]
     assert sdt_threads() == []
@@ -71,12 +77,13 @@ def test_two_parameter_server_fits_at_once_have_their_own_servers(sc, digits):
     rdd_a = to_simple_rdd(sc, x[:600], y[:600], 2)
     rdd_b = to_simple_rdd(sc, x[600:1000], y[600:1000], 2)
 
-    def ps(rdd):
-        sm = SparkModel(make_mlp(), mode="asynchronous", frequency="batch", num_workers=2)
+    def ps(rdd, model):
+        sm = SparkModel(model, mode="asynchronous", frequency="batch", num_workers=2)
         sm.fit(rdd, epochs=2, batch_size=50, verbose=0)
         return sm
 
-    (a, b), errors = in_threads(lambda: ps(rdd_a), lambda: ps(rdd_b))
+    m_a, m_b = make_mlp(), make_mlp()
+    (a, b), errors = in_threads(lambda: ps(rdd_a, m_a), lambda: ps(rdd_b, m_b))
     assert errors == [None, None], errors
     sa, sb = a.stats.server, b.stats.server
     assert sa["address"] != sb["address"]
@@ -94,6 +101,7 @@ def test_cancelling_one_fit_leaves_the_other_running(sc, digits):
     solo = averaging(rdd)
     started = threading.Event()
     victim = SparkModel(make_mlp(seed=5), mode="asynchronous", frequency=2, num_workers=2)
+    survivor_model = make_mlp(seed=1)
 
     class Started(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -112,7 +120,7 @@ def test_cancelling_one_fit_leaves_the_other_running(sc, digits):
         return "cancelled"
 
     def survivor_fit():
-        sm = SparkModel(make_mlp(seed=1), mode="synchronous", num_workers=2, seed=3)
+        sm = SparkModel(survivor_model, mode="synchronous", num_workers=2, seed=3)
         hist = sm.fit(rdd, epochs=3, batch_size=64, shuffle=False, verbose=0, callbacks=[CancelVictim()])
         return sm, hist
 

@@ -97,7 +97,8 @@ def test_one_networking_package_serves_every_server():
             assert not [d for d in graph[mod] if d.startswith("sparkdl_train.ps")], (mod, graph[mod])
     for mod, deps in graph.items():
         if mod.startswith("sparkdl_train.net"):
-            assert deps <= {"sparkdl_train.wire", "sparkdl_train.net", "sparkdl_train.net.framing", "sparkdl_train.net.auth"}, (mod, deps)
+            assert deps <= {"sparkdl_train.wire", "sparkdl_train.net", "sparkdl_train.net.framing", "sparkdl_train.net.auth",
+                            "sparkdl_train.net.tls"}, (mod, deps)
 
 
 def test_the_package_exports_load_lazily_and_all_resolve():

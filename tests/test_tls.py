@@ -266,7 +266,10 @@ def test_fits_with_tls_on_match_fits_without(sc, digits):
     assert ps_on.stats.reports > 0  # live progress reached the TLS report server
     for a, b in zip(ps_off.model.get_weights(), ps_on.model.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    digest = [{i["weights_sha256"] for i in e.partitions.values()} for e in ar_on.stats.epochs]
-    assert digest == [{i["weights_sha256"] for i in e.partitions.values()} for e in ar_off.stats.epochs]
+    # within a fit, the ranks end bit-identical; across fits, equal to float rounding (a reused Python
+    # worker's TensorFlow thread pool, sized by the first fit it served, sets oneDNN's summation order)
+    assert all(len({i["weights_sha256"] for i in e.partitions.values()}) == 1 for e in ar_on.stats.epochs)
+    for a, b in zip(ar_off.model.get_weights(), ar_on.model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert ps_on.stats.server["rejected_connections"] == 0
     assert [t.name for t in threading.enumerate() if t.name.startswith("sparkdl_train-")] == []
