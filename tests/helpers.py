@@ -3,8 +3,10 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,6 +24,52 @@ def settle(condition, timeout=10.0, interval=0.02):
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
+
+
+def run_ranks(size, fn, timeout=60):
+    """Run ``fn(rank)`` on ``size`` threads at once (ranks of a ring without Spark); returns
+    ``(results, errors)`` by rank and fails if a rank is still running after ``timeout``."""
+    out, errs = [None] * size, [None] * size
+
+    def work(r):
+        try:
+            out[r] = fn(r)
+        except BaseException as exc:  # noqa: BLE001
+            errs[r] = exc
+
+    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return out, errs
+
+
+def poke_listener(groups, data, rank=1):
+    """During the rendezvous of the thread ranks ``groups``, connect to rank ``rank``'s listener
+    before the ring forms, send ``data`` and read until it closes. Returns a list that receives
+    what the listener sent back before closing."""
+    original = groups[0].all_gather
+    answers = []
+
+    def gather_and_poke(message):
+        out = original(message)
+        port = json.loads(out[rank])["port"]
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(data)
+            s.settimeout(10)
+            got = b""
+            try:
+                while chunk := s.recv(4096):
+                    got += chunk
+            except ConnectionResetError:
+                pass
+            answers.append(got)
+        return out
+
+    groups[0].all_gather = gather_and_poke
+    return answers
 
 
 def wait_until(condition, timeout=10.0, what="the condition", interval=0.02):

@@ -2,36 +2,17 @@
 
 import os
 import socket
-import threading
 import time
 
 import numpy as np
 import pytest
+from helpers import poke_listener, run_ranks
 
 from sparkdl_train.allreduce import ring
 from sparkdl_train.allreduce.local import MemoryRing, ThreadGroup
 from sparkdl_train.allreduce.transport import FRAME, MAGIC, PeerAborted, RingError, RingTimeout, rendezvous
 
 SECRET = b"0123456789abcdef0123456789abcdef"
-
-
-def run_ranks(size, fn, timeout=60):
-    """Run fn(rank) in `size` threads; return results, re-raise the first error."""
-    out, errs = [None] * size, [None] * size
-
-    def work(r):
-        try:
-            out[r] = fn(r)
-        except BaseException as exc:  # noqa: BLE001
-            errs[r] = exc
-
-    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    return out, errs
 
 
 def tcp_ring(size, timeout=10.0, secrets=None, connect_timeout=10.0):
@@ -174,23 +155,8 @@ def test_wrong_secret_is_refused_without_hanging():
 
 def test_stray_connection_to_a_listener_is_dropped():
     groups = ThreadGroup.create(2)
-    original = groups[0].all_gather
-
-    def gather_and_poke(message):
-        out = original(message)
-        import json
-
-        port = json.loads(out[1])["port"]  # rank 1's listener: send it garbage first
-        with socket.create_connection(("127.0.0.1", port)) as s:
-            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-            s.settimeout(10)
-            try:  # rank 1 reads the garbage and drops the connection before the ring forms
-                assert s.recv(1) == b""
-            except ConnectionResetError:
-                pass
-        return out
-
-    groups[0].all_gather = gather_and_poke
+    # rank 1 reads the garbage and drops the connection, answering nothing, before the ring forms
+    answers = poke_listener(groups, b"GET / HTTP/1.0\r\n\r\n")
     bufs = [np.full(10, r + 1.0, np.float32) for r in range(2)]
 
     def work(r):
@@ -200,6 +166,7 @@ def test_stray_connection_to_a_listener_is_dropped():
 
     _, errs = run_ranks(2, work)
     assert errs == [None, None], errs
+    assert answers == [b""]
     assert np.all(bufs[0] == 3.0) and np.all(bufs[1] == 3.0)
 
 

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import make_mlp, wait_until
+from helpers import make_mlp, poke_listener, run_ranks, wait_until
 
 from sparkdl_train import SparkModel, net, to_simple_rdd
 from sparkdl_train.allreduce import ring
@@ -158,24 +158,6 @@ def test_tls_server_does_not_leak_the_key_or_data_in_clear(identity):
 
 # -- the ring ----------------------------------------------------------------------------
 
-def run_ranks(size, fn, timeout=60):
-    out, errs = [None] * size, [None] * size
-
-    def work(r):
-        try:
-            out[r] = fn(r)
-        except BaseException as exc:  # noqa: BLE001
-            errs[r] = exc
-
-    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    return out, errs
-
-
 @pytest.mark.parametrize("size", [2, 3, 5])
 def test_tls_ring_allreduce_equals_the_plaintext_ring(identity, size):
     rng = np.random.default_rng(size)
@@ -219,24 +201,7 @@ def test_ring_rank_with_another_certificate_is_refused_without_hanging(identity)
 
 def test_tls_ring_listener_drops_a_plaintext_stray(identity):
     groups = ThreadGroup.create(2)
-    original = groups[0].all_gather
-
-    def gather_and_poke(message):
-        out = original(message)
-        import json
-
-        port = json.loads(out[1])["port"]
-        with socket.create_connection(("127.0.0.1", port)) as s:
-            s.sendall(b"GET / HTTP/1.0\r\n\r\n")  # not a TLS ClientHello
-            s.settimeout(10)
-            try:  # rank 1 fails the handshake (it may send a TLS alert) and closes
-                while s.recv(4096):
-                    pass
-            except ConnectionResetError:
-                pass
-        return out
-
-    groups[0].all_gather = gather_and_poke
+    answers = poke_listener(groups, b"GET / HTTP/1.0\r\n\r\n")  # not a TLS ClientHello: rank 1 fails the handshake
     bufs = [np.full(10, r + 1.0, np.float32) for r in range(2)]
 
     def work(r):
@@ -245,6 +210,7 @@ def test_tls_ring_listener_drops_a_plaintext_stray(identity):
 
     _, errs = run_ranks(2, work)
     assert errs == [None, None], errs
+    assert len(answers) == 1  # the stray did reach the listener (it may answer with a TLS alert)
     assert np.all(bufs[0] == 3.0) and np.all(bufs[1] == 3.0)
 
 

@@ -76,7 +76,7 @@ class FitMonitor:
         self._saved: dict[str, str | None] = {}
         self._server: ReportServer | None = None
         self._secret = new_secret()
-        self._tls = new_identity("sparkdl_train report server") if tls else None
+        self._tls = new_identity("sparkdl_train report server") if tls and live else None  # only a running server needs one
         self.stop_requested = False
         self.reports_received = 0
 

@@ -198,6 +198,7 @@ class SparkModel:
         train, val = self._validation(train, validation_data, fit_cfg, config)
         engine_cls = engine_class(config)
         launch = engine_cls.plan(config, sc, train)  # slot checks fail here, before any job
+        launch = dataclasses.replace(launch, tls=use_tls(config, sc))
         train = train.with_partitions(launch.workers, shuffle=launch.barrier)
         self._check_sample(train, "data")
         if val is not None:
@@ -211,10 +212,9 @@ class SparkModel:
         cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
                                           verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None)
         progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, launch.workers, log_interval=config.core.log_interval)
-        secure = use_tls(config, sc)
-        self.stats.tls = secure
+        self.stats.tls = launch.tls
         monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
-                             live=fit_cfg.verbose == 1 or bool(callbacks), tls=secure)
+                             live=fit_cfg.verbose == 1 or bool(callbacks), tls=launch.tls)
         self._monitor = monitor
         loop = _EpochLoop(train, val, SharedRefs(payload), settings, fit_cfg, cb, progress, monitor, checkpointer)
         model.stop_training = False

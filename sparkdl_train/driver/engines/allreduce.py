@@ -20,7 +20,7 @@ from ...model_io import metrics_result, set_metric_state, set_state
 from ...net import new_identity, new_secret
 from ...worker.allreduce_task import AllreduceTrainTask, RingSettings
 from ..stats import EpochStats
-from .base import Engine, EpochContext, Launch, run_epoch, use_tls
+from .base import Engine, EpochContext, Launch, run_epoch
 from .slots import barrier_slots, check_barrier_launch
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class AllreduceEngine(Engine):
         super().__init__(config, model, sc, launch)
         self.secret = new_secret()  # per fit; proves ring peers belong to it
         # every rank accepts its previous rank: they share one identity, key included
-        self.tls = new_identity("sparkdl_train ring") if use_tls(config, sc) else None
+        self.tls = new_identity("sparkdl_train ring") if launch.tls else None
         self.totals = {"steps": 0, "bytes_sent": 0, "bytes_received": 0, "comm_seconds": 0.0, "epoch_retries": 0}
 
     def stats(self) -> dict[str, Any]:

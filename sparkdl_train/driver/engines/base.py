@@ -53,10 +53,11 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Launch:
     """How an engine's epochs are launched: ``workers`` partitions (one task each), as a barrier
-    stage or not."""
+    stage or not, and whether the fit's sockets use TLS (decided once per fit, :func:`use_tls`)."""
 
     workers: int
     barrier: bool = False
+    tls: bool = False
 
 
 @dataclass

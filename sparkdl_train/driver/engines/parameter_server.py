@@ -22,7 +22,7 @@ from ...ps.state import ServerState
 from ...worker.ps_task import PSSettings, PSTrainTask
 from ..sparse import find_tables
 from ..stats import EpochStats
-from .base import Engine, EpochContext, Launch, driver_host, run_epoch, use_tls
+from .base import Engine, EpochContext, Launch, driver_host, run_epoch
 from .slots import check_concurrent_slots
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class ParameterServerEngine(Engine):
             sparse=[t.index for t in self.tables],
         )
         self.dense_bytes_per_push = dense_exchange_bytes(weights)
-        self.tls = new_identity("sparkdl_train parameter server") if use_tls(config, sc) else None
+        self.tls = new_identity("sparkdl_train parameter server") if launch.tls else None
         self.server = ParameterServer(self.state, host, self.secret, port=config.ps.port, idle_timeout=config.ps.idle_timeout, tls=self.tls)
         freq = config.frequency
         self.every = None if freq == "epoch" else 1 if freq == "batch" else int(freq)
