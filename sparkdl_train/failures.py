@@ -39,7 +39,9 @@ _RULES: tuple[tuple[Cause, re.Pattern], ...] = (
     (Cause.TIMEOUT, re.compile(r"RingTimeout|RoundTimeout|not complete after [\d.]+ s|timed out")),
     (Cause.CONNECTION_LOST, re.compile(r"Connection reset by peer|Broken pipe|ConnectionResetError|BrokenPipeError")),
 )
-_TASK = re.compile(r"[Tt]ask (\d+)(?:\.\d+)? in stage")
+_TASK = re.compile(r"[Tt]ask (\d+)(?:\.\d+)? in stage|barrier task \w*Task\(\d+, (\d+)\)")
+# the lost executor's id, and the line that says so ("ExecutorLostFailure (executor 10 exited ...) Reason: ...")
+_EXECUTOR = re.compile(r"ExecutorLostFailure \(executor (\S+?)\b[^\n]*|Lost executor (\S+) on[^\n]*|executor (\S+) exited[^\n]*")
 _CANCELLED_LINE = re.compile(r"Job \d+ cancelled[^\n]*")
 _CAUSE_LINES = ("sparkdl_train.", "ValueError", "TypeError", "RuntimeError", "KeyError", "MemoryError")
 
@@ -52,6 +54,7 @@ class SparkFailure:
     partition: int  # the failing task's partition (-1: unknown)
     summary: str  # the line that says what went wrong ("" when no line does)
     text: str = field(repr=False, default="")
+    executor: str | None = None  # the lost executor's id (cause EXECUTOR_LOST, when Spark names it)
 
 
 def is_spark_error(exc: BaseException) -> bool:
@@ -68,13 +71,17 @@ def classify(exc: BaseException) -> SparkFailure | None:
 def classify_text(text: str) -> SparkFailure:
     cause = next((c for c, rule in _RULES if rule.search(text)), Cause.TASK_ERROR)
     m = _TASK.search(text)
-    partition = int(m.group(1)) if m else -1
+    partition = int(m.group(1) or m.group(2)) if m else -1
+    executor = None
     if cause is Cause.CANCELLED:
         line = _CANCELLED_LINE.search(text)
         summary = line.group(0) if line else "cancelled"
+    elif cause is Cause.EXECUTOR_LOST and (lost := _EXECUTOR.search(text)):
+        executor = next(g for g in lost.groups() if g)
+        summary = f"executor {executor} was lost ({lost.group(0).strip()})"
     else:
         summary = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip().startswith(_CAUSE_LINES)), "")
-    return SparkFailure(cause, partition, summary, text)
+    return SparkFailure(cause, partition, summary, text, executor)
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import pandas as pd
-from helpers import make_mlp
+from helpers import digits_split, make_mlp
 from pyspark.sql import SparkSession
 
 from sparkdl_train import SparkModel, to_simple_rdd
 
 
 def main(master: str) -> None:
-    from sklearn.datasets import load_digits
-
     spark = (
         SparkSession.builder.master(master)
         .config("spark.ui.enabled", "false")
@@ -30,12 +28,7 @@ def main(master: str) -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype("float32")
-    perm = np.random.default_rng(0).permutation(len(x))
-    x, y = x[perm], y[perm]
-    cut = int(0.8 * len(x))
-    xt, yt, x, y = x[cut:], y[cut:], x[:cut], y[:cut]
+    x, y, xt, yt = digits_split()
     epochs = 12
 
     ref = make_mlp()

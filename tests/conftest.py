@@ -7,9 +7,8 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import numpy as np
 import pytest
-from helpers import REFERENCE_EPOCHS, ROOT, make_mlp
+from helpers import REFERENCE_EPOCHS, ROOT, digits_split, make_mlp
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +19,14 @@ def standalone_cluster(tmp_path_factory):
     cluster = StandaloneCluster(str(tmp_path_factory.mktemp("standalone"))).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _prune_standalone_executors(request):
+    """After a test on the standalone cluster, free the environments its executors unpacked."""
+    yield
+    if "standalone_cluster" in request.fixturenames:
+        request.getfixturevalue("standalone_cluster").prune()
 
 
 @pytest.fixture(scope="session")
@@ -63,15 +70,7 @@ def sc(spark):
 @pytest.fixture(scope="session")
 def digits():
     """sklearn's bundled digits (no download), scaled, with a fixed train/test split."""
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype("float32")
-    rng = np.random.default_rng(0)
-    perm = rng.permutation(len(x))
-    x, y = x[perm], y[perm].astype("int64")
-    cut = int(0.8 * len(x))
-    return x[:cut], y[:cut], x[cut:], y[cut:]
+    return digits_split()
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,24 @@ def port_closed(address) -> bool:
         return True
 
 
+def fit_record(stats) -> dict:
+    """What a fault case records of a fit's stats: samples, attempts and where each epoch's tasks
+    ran, the engine's epoch retries, whether the parameter server's port is closed."""
+    out: dict = {"driver_pid": os.getpid()}
+    if stats is None:
+        return out
+    out["epoch_samples"] = [e.samples for e in stats.epochs]
+    out["attempts"] = [{str(p): i.get("attempt", 0) for p, i in e.partitions.items()} for e in stats.epochs]
+    out["pids"] = sorted({i["pid"] for e in stats.epochs for i in e.partitions.values()})
+    out["executor_ids"] = stats.executor_ids()
+    out["epoch_executors"] = [sorted({str(i.get("executor_id")) for i in e.partitions.values()}) for e in stats.epochs]
+    server = stats.server or {}
+    out["epoch_retries"] = server.get("epoch_retries")
+    if "address" in server:
+        out["server_port_closed"] = port_closed(server["address"])
+    return out
+
+
 def run_case(spark, name, make_sm, x, y, xt, yt, base):
     from helpers import make_mlp
 
@@ -113,17 +131,7 @@ def run_case(spark, name, make_sm, x, y, xt, yt, base):
     t.join(5)
     out["killed_pid"] = record.get("pid")
     out["seconds_after_kill"] = time.monotonic() - record["at"] if "at" in record else None
-    stats = sm.stats
-    if stats is not None:
-        out["epoch_samples"] = [e.samples for e in stats.epochs]
-        out["attempts"] = [{str(p): i.get("attempt", 0) for p, i in e.partitions.items()} for e in stats.epochs]
-        out["pids"] = sorted({i["pid"] for e in stats.epochs for i in e.partitions.values()})
-        out["executor_ids"] = stats.executor_ids()
-        out["driver_pid"] = os.getpid()
-        server = stats.server or {}
-        out["epoch_retries"] = server.get("epoch_retries")
-        if "address" in server:
-            out["server_port_closed"] = port_closed(server["address"])
+    out.update(fit_record(sm.stats))
     from helpers import settle
 
     settle(lambda: not sdt_threads(), 10)  # server threads end as the fit's context exits; give them a bounded moment
@@ -135,9 +143,7 @@ def run_case(spark, name, make_sm, x, y, xt, yt, base):
 def main(master: str) -> None:
     import tempfile
 
-    import numpy as np
     from pyspark.sql import SparkSession
-    from sklearn.datasets import load_digits
 
     from sparkdl_train import SparkModel
 
@@ -152,12 +158,9 @@ def main(master: str) -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("FATAL")
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype("float32")
-    perm = np.random.default_rng(0).permutation(len(x))
-    x, y = x[perm], y[perm].astype("int64")
-    cut = int(0.8 * len(x))
-    x, y, xt, yt = x[:cut], y[:cut], x[cut:], y[cut:]
+    from helpers import digits_split
+
+    x, y, xt, yt = digits_split()
 
     cases = {
         "averaging": lambda m: SparkModel(m, num_workers=2, shuffle_buffer_size=128),

@@ -80,6 +80,20 @@ def wait_until(condition, timeout=10.0, what="the condition", interval=0.02):
     return value
 
 
+def digits_split():
+    """sklearn's bundled digits (no download) scaled to [0, 1], shuffled with seed 0 and split
+    80/20: ``(x, y, x_test, y_test)``, labels int64."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype("float32")
+    perm = np.random.default_rng(0).permutation(len(x))
+    x, y = x[perm], y[perm].astype("int64")
+    cut = int(0.8 * len(x))
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
 def make_mlp(seed=0, inputs=64, classes=10, lr=0.003):
     import keras
 

@@ -5,17 +5,27 @@ The daemons run from a scratch directory with a minimal environment (no PYTHONPA
 PYSPARK_PYTHON, no virtualenv on PATH): executors they launch cannot import this checkout, so
 an application must ship its Python environment (``./run pack``, ``spark.archives``). They are
 stopped by process group, whatever happens: at the end of the test session, and at exit.
+
+Disk: every executor unpacks the shipped environment (about 2 GB) into its work directory, as
+YARN and standalone do. :meth:`StandaloneCluster.prune` removes the unpacked copies of
+executors that have exited (their logs stay), so a test that kills executors over and over
+holds only the live ones; the Workers' scratch (``SPARK_LOCAL_DIRS``) lives under the cluster's
+directory, and the archive copies that executors download into it are removed once unpacked.
 """
 
 from __future__ import annotations
 
 import atexit
+import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pyspark
@@ -33,6 +43,7 @@ def daemon_env(root: str) -> dict[str, str]:
         "SPARK_HOME": SPARK_HOME,
         "SPARK_CONF_DIR": os.path.join(root, "conf"),  # empty: Spark's default INFO logging, our port lines
         "SPARK_LOG_DIR": os.path.join(root, "logs"),
+        "SPARK_LOCAL_DIRS": os.path.join(root, "local"),  # executors' scratch: fetched archives, blocks
         "LANG": "C.UTF-8",
     }
     if os.environ.get("JAVA_HOME"):
@@ -48,6 +59,8 @@ class StandaloneCluster:
     memory: str = "2g"
     url: str = ""
     procs: list[subprocess.Popen] = field(default_factory=list)
+    worker_procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # live Workers by log name
+    replaced: list[dict] = field(default_factory=list)  # Workers found dead and replaced, with times
 
     def _log(self, name: str) -> str:
         return os.path.join(self.root, "logs", f"{name}.log")
@@ -78,19 +91,87 @@ class StandaloneCluster:
             time.sleep(0.2)
 
     def start(self, timeout: float = 120.0) -> "StandaloneCluster":
-        for d in ("conf", "logs", "work"):
+        for d in ("conf", "logs", "work", "local"):
             os.makedirs(os.path.join(self.root, d), exist_ok=True)
         atexit.register(self.stop)
         self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0", "--webui-port", "0")
         self.url = self._wait_for("master", _MASTER_URL, 1, timeout)[0]
         for i in range(self.workers):
-            self._spawn(
-                f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
-                "--webui-port", "0", "--cores", str(self.cores), "--memory", self.memory,
-                "--work-dir", os.path.join(self.root, "work"), self.url,
-            )
+            self._start_worker(f"worker{i}")
         self._wait_for("master", _REGISTERED, self.workers, timeout)
         return self
+
+    def _start_worker(self, name: str) -> None:
+        self.worker_procs[name] = self._spawn(
+            name, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
+            "--webui-port", "0", "--cores", str(self.cores), "--memory", self.memory,
+            "--work-dir", os.path.join(self.root, "work"), self.url,
+        )
+
+    def replace_lost_workers(self) -> list[str]:
+        """Start a new Worker for each one that has exited (a node that came back, or its
+        replacement); returns the new Workers' names."""
+        started = []
+        for name, proc in list(self.worker_procs.items()):
+            if proc.poll() is None:
+                continue
+            del self.worker_procs[name]
+            self.procs.remove(proc)  # reaped: not a daemon that failed to start
+            new = f"{name.split('-')[0]}-{len(self.replaced) + 1}"
+            self._start_worker(new)
+            self.replaced.append({"lost": name, "pid": proc.pid, "new": new, "at": time.monotonic()})
+            started.append(new)
+        return started
+
+    @contextmanager
+    def replacing_lost_workers(self, interval: float = 0.2, timeout: float = 120.0):
+        """While the block runs, replace any Worker that dies (as a cluster manager would); on
+        leaving, wait until every replacement has registered with the Master."""
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(interval):
+                self.replace_lost_workers()
+                self.prune()
+
+        watcher = threading.Thread(target=watch, name="standalone-watch", daemon=True)
+        watcher.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            watcher.join()
+            self.replace_lost_workers()
+            self._wait_for("master", _REGISTERED, self.workers + len(self.replaced), timeout)
+
+    def prune(self) -> list[str]:
+        """Remove the unpacked environments of executors no longer running (killed, or their
+        application ended); returns the executor directories pruned. Their logs stay."""
+        live = set()
+        for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+            try:
+                with open(cmdline, "rb") as f:
+                    args = f.read().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if "--executor-id" in args and "--app-id" in args:
+                live.add((args[args.index("--app-id") + 1], args[args.index("--executor-id") + 1]))
+        pruned = []
+        for env in glob.glob(os.path.join(self.work_dir, "app-*", "*", "environment")):
+            executor_dir = os.path.dirname(env)
+            app = os.path.basename(os.path.dirname(executor_dir))
+            if (app, os.path.basename(executor_dir)) not in live:
+                shutil.rmtree(env, ignore_errors=True)
+                pruned.append(executor_dir)
+        # each executor's copy of the downloaded archive (Spark's fetch cache, about 0.5 GB): used
+        # once, to unpack at the executor's start; a killed executor leaves it behind
+        for cache in glob.glob(os.path.join(self.root, "local", "*", "executor-*", "spark-*", "*_cache")):
+            try:
+                if time.time() - os.path.getmtime(cache) > 120:
+                    os.remove(cache)
+            except OSError:
+                pass
+        return pruned
 
     @property
     def work_dir(self) -> str:
@@ -122,6 +203,8 @@ class StandaloneCluster:
             if p.poll() is None:
                 p.wait(10)
         self.procs = [p for p in self.procs if p.poll() is None]
+        self.prune()
+        shutil.rmtree(os.path.join(self.root, "local"), ignore_errors=True)
 
 
 def pack_environment(root: str, out: str) -> str:

@@ -201,7 +201,8 @@ def test_job_reads_criteo_tsv_with_gzip_missing_values_and_malformed_lines(spark
     ctr.write(spark, spec, parquet)
     with open(os.path.join(tsv, "part-99999-extra.txt"), "w") as f:
         f.write("1\t2\t3\n" * 7 + "\t".join(["x"] * 40) + "\n")
-    common = ["--mode", "asynchronous", "--frequency", "4", "--epochs", "1", "--workers", "2"]
+    # synchronous rounds every 4 steps: the two runs differ by their data only, not by timing
+    common = ["--mode", "synchronous", "--frequency", "4", "--epochs", "2", "--workers", "2"]
     s = job.main(["--data", tsv, *common, "--output", str(tmp_path / "out_tsv")], spark=spark)
     assert s["data_format"] == "criteo-tsv"
     assert s["malformed"]["lines"] == 60_008 and s["malformed"]["malformed_lines"] == 8

@@ -105,6 +105,20 @@ def test_classify_texts(text, cause):
     assert classify_text(text).cause is cause
 
 
+def test_a_lost_executor_is_named_with_its_partition():
+    # what Spark 4 printed when the standalone cluster's executor 10 was SIGKILLed in a barrier stage
+    text = ("Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most recent failure "
+            "reason: Stage failed because barrier task ResultTask(60, 1) finished unsuccessfully.\n"
+            "ExecutorLostFailure (executor 10 exited caused by one of the running tasks) Reason: Command exited with "
+            "code 137\n\tat org.apache.spark.scheduler.DAGScheduler.abortStage(DAGScheduler.scala:4560)")
+    f = classify_text(text)
+    assert (f.cause, f.executor, f.partition) == (Cause.EXECUTOR_LOST, "10", 1)
+    assert f.summary == ("executor 10 was lost (ExecutorLostFailure (executor 10 exited caused by one of the running "
+                         "tasks) Reason: Command exited with code 137)")
+    assert classify_text("Lost executor 3 on 192.0.2.2: Worker shutting down").executor == "3"
+    assert classify_text("Lost task 1.3 in stage 3.0 (TID 9): Python worker exited unexpectedly").executor is None
+
+
 def test_classify_ignores_errors_that_are_not_spark_jobs():
     assert classify(ValueError("Python worker exited unexpectedly")) is None
 

@@ -1,0 +1,178 @@
+"""Lose an executor JVM, or a whole node, in the middle of a fit on the standalone cluster, for
+each engine; write the measurements to ``OUT/loss.json``. Submitted by tests/test_executor_loss.py
+with ``spark-submit --master spark://... --archives sparkdl_env.tar.gz#environment``.
+
+The training data is a cached DataFrame. A driver-side callback fires on the first live report
+of the second epoch and picks the application's executor with the lowest id:
+
+* ``executor``: SIGKILL to that executor's JVM (its Python daemon and workers die with it, and
+  so do the cached partitions it held); the Worker stays, and the Master starts a replacement
+  executor on it;
+* ``node``: SIGKILL to the process group of the Worker daemon that launched it (the Worker and
+  every executor it runs): the node is gone. The test replaces a lost Worker with a new one as a
+  cluster manager would, so that the engines needing two slots at once (the barrier stage) can
+  go on.
+
+For each case it records the fit's outcome, its per-epoch sample counts and attempts, the time
+from the kill to the end of the fit, the threads and listening sockets left, and whether the
+cached partitions came back.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+EPOCHS = 3
+COPIES = 4  # the digits four times: epochs long enough that the kill lands well inside the second one
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def app_executors(app_id: str) -> dict[str, int]:
+    """This application's live executor JVMs on this host: executor id -> pid."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        cmd = _cmdline(int(name)).split()
+        if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd and app_id in cmd:
+            found[cmd[cmd.index("--executor-id") + 1]] = int(name)
+    return found
+
+
+def worker_daemon(executor_pid: int) -> int:
+    """The Worker JVM that launched ``executor_pid``."""
+    pid = executor_pid
+    while pid > 1:
+        pid = _parent(pid)
+        if "org.apache.spark.deploy.worker.Worker" in _cmdline(pid):
+            return pid
+    raise RuntimeError(f"no Worker daemon above executor pid {executor_pid}")
+
+
+def cached_partitions(spark) -> int:
+    infos = spark.sparkContext._jsc.sc().getRDDStorageInfo()
+    return sum(i.numCachedPartitions() for i in infos)
+
+
+def make_loss(kind: str, spark, record: dict):
+    import keras
+
+    class Lose(keras.callbacks.Callback):
+        """On the first live report of epoch 2, lose the lowest-numbered executor (or its node)."""
+
+        epoch = -1
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch != 1 or "at" in record:
+                return
+            executors = app_executors(spark.sparkContext.applicationId)
+            victim = min(executors, key=int)
+            pid = executors[victim]
+            record.update(executor_id=victim, executor_pid=pid, cached_before=cached_partitions(spark), batch=batch)
+            if kind == "executor":
+                os.kill(pid, signal.SIGKILL)
+            else:
+                worker = worker_daemon(pid)
+                group = os.getpgid(worker)
+                assert group != os.getpgid(0), "the Worker shares this driver's process group"
+                record.update(worker_pid=worker)
+                os.killpg(group, signal.SIGKILL)
+            record["at"] = time.monotonic()
+
+    return Lose()
+
+
+def run_case(spark, df, name, kind, make_sm, n, xt, yt):
+    from fault_check import fit_record, listening_sockets, sdt_threads
+    from helpers import make_mlp, settle
+
+    listening_before = listening_sockets()
+    record: dict = {}
+    model = make_mlp()
+    sm = make_sm(model)
+    out = {"name": name, "kind": kind, "engine": name.split("/")[0]}
+    start = time.monotonic()
+    try:
+        callbacks = [make_loss(kind, spark, record)] if kind != "none" else []
+        hist = sm.fit(df, epochs=EPOCHS, batch_size=16, verbose=0, feature_cols="features", label_col="label",
+                      callbacks=callbacks)
+        out.update(ok=True, epochs=len(hist.history["loss"]),
+                   acc=model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"])
+    except Exception as exc:  # noqa: BLE001
+        out.update(ok=False, error_type=type(exc).__name__, error=str(exc)[:4000], cause=getattr(exc, "cause", None))
+    end = time.monotonic()
+    out["seconds"] = end - start
+    out.update({k: v for k, v in record.items() if k != "at"})
+    out["seconds_after_kill"] = end - record["at"] if "at" in record else None
+    out.update(fit_record(sm.stats))
+    out["n"] = n
+    settle(lambda: not sdt_threads(), 10)
+    out["threads_after"] = sdt_threads()
+    out["new_listening_sockets"] = len(listening_sockets() - listening_before)
+    out["cached_after"] = cached_partitions(spark)
+    return out
+
+
+def main(out_dir: str, only: str | None) -> None:
+    import numpy as np
+    from helpers import digits_split
+    from pyspark.sql import SparkSession
+
+    from sparkdl_train import SparkModel
+
+    spark = SparkSession.builder.appName("sparkdl_train-executor-loss").getOrCreate()
+    spark.sparkContext.setLogLevel("FATAL")
+    x, y, xt, yt = digits_split()
+    x, y = np.tile(x, (COPIES, 1)), np.tile(y, COPIES)
+    df = spark.createDataFrame([(r.tolist(), int(label)) for r, label in zip(x, y)], "features array<float>, label long")
+    df = df.coalesce(2).cache()
+    assert df.count() == len(x)
+
+    common = dict(num_workers=2, shuffle_buffer_size=256)
+    engines = {
+        "averaging": lambda m: SparkModel(m, **common),
+        "sync-ps": lambda m: SparkModel(m, mode="synchronous", frequency="batch", **common),
+        "async-ps": lambda m: SparkModel(m, mode="asynchronous", frequency=4, **common),
+        "hogwild-ps": lambda m: SparkModel(m, mode="hogwild", frequency="batch", **common),
+        "allreduce": lambda m: SparkModel(m, mode="allreduce", allreduce_timeout=120, **common),
+        "allreduce-no-retry": lambda m: SparkModel(m, mode="allreduce", allreduce_timeout=120, epoch_retries=0, **common),
+    }
+    plan = [(e, k) for e in engines for k in ("executor", "node") if not (e == "allreduce-no-retry" and k == "node")]
+    results = []
+    for engine, kind in plan:
+        name = f"{engine}/{kind}"
+        if only and name not in only.split(","):
+            continue
+        results.append(run_case(spark, df, name, kind, engines[engine], len(x), xt, yt))
+        print("CASE " + json.dumps(results[-1]), flush=True)
+    # the session still trains normally after all of it
+    after = run_case(spark, df, "after/none", "none", engines["sync-ps"], len(x), xt, yt)
+    with open(os.path.join(out_dir, "loss.json"), "w") as f:
+        json.dump({"n": len(x), "cases": results, "after": after}, f)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    out = args[args.index("--output") + 1]
+    only = args[args.index("--cases") + 1] if "--cases" in args else None
+    main(out, only)
