@@ -69,7 +69,7 @@ def peak_rss_mb() -> float:
 
 # -- child: prepare the data ------------------------------------------------------------------
 
-def spark_session(master: str, threads_per_worker: int, app: str):
+def spark_session(master: str, threads_per_worker: int, app: str, extra: dict | None = None):
     from pyspark.sql import SparkSession
 
     b = (
@@ -88,6 +88,8 @@ def spark_session(master: str, threads_per_worker: int, app: str):
     )
     for k, v in thread_env(threads_per_worker).items():
         b = b.config(f"spark.executorEnv.{k}", v)
+    for k, v in (extra or {}).items():
+        b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

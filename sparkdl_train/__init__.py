@@ -26,10 +26,12 @@ _EXPORTS = {
     "check_executors": "sparkdl_train.driver.preflight",
     "load_spark_model": "sparkdl_train.driver.spark_model",
     "to_simple_rdd": "sparkdl_train.data.rdd",
+    "warm_up": "sparkdl_train.driver.warm_up",
 }
 __all__ = [
     "ConfigError", "ConsistencyError", "DataError", "EngineConfig", "FitCancelled", "FitConfig", "ModelError",
     "ServerStopped", "SparkDLError", "SparkModel", "WorkerError", "check_executors", "load_spark_model", "to_simple_rdd",
+    "warm_up",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
@@ -37,6 +39,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .data.rdd import to_simple_rdd
     from .driver.preflight import check_executors
     from .driver.spark_model import SparkModel, load_spark_model
+    from .driver.warm_up import warm_up
     from .errors import ConfigError, ConsistencyError, DataError, FitCancelled, ModelError, ServerStopped, SparkDLError, WorkerError
 
 

@@ -300,6 +300,14 @@ class CoreConfig(_Group):
     preflight_timeout: float = setting(
         "preflight.timeout", 300.0, Seconds(),
         "Seconds the environment check waits for executors (they may be unpacking an archive).", argument=False)
+    share_daemon: bool = setting(
+        "worker.shareDaemon", False, Bool(),
+        "Give RDD tasks the environment SQL's Arrow tasks get (SPARK_SIMPLIFIED_TRACEBACK=1), so both fork from one "
+        "Python worker daemon per executor and a session training on both RDDs and DataFrames imports TensorFlow once, "
+        "not twice (each fit's preflight already runs in the kind of stage its data uses). It changes the "
+        "SparkContext's environment for every RDD task (shortened Python tracebacks, as SQL's already are); "
+        "docs/performance.md.",
+        argument=False)
 
 
 @dataclass(frozen=True)

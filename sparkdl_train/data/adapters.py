@@ -35,6 +35,11 @@ PartitionTask = Callable[[int, Iterable[Batch]], Partial]
 BarrierTask = Callable[[int, Iterable[Batch], Any], Partial]
 
 
+# a DataFrame stage with at most this many partitions sends its partials to the driver to merge
+# (one state per partition held there at once); a wider one merges them with treeReduce
+DRIVER_MERGE_PARTITIONS = 16
+
+
 def _merge_all(partials: Iterable[Partial]) -> Partial:
     total = Partial()
     for p in partials:
@@ -81,6 +86,12 @@ class DataAdapter(ABC):
 
     def spark_context(self) -> Any:
         """The SparkContext the data lives in (``None`` for in-process arrays)."""
+        return None
+
+    def spark_session(self) -> Any:
+        """The SparkSession whose DataFrame (Arrow) stages read the data; ``None`` when the data's
+        stages are RDD stages or run in process. Spark runs the two kinds of stage in separate
+        Python worker pools: the preflight warms the one this returns."""
         return None
 
     def unshare(self, ref: Any) -> None:
@@ -266,6 +277,9 @@ class DataFrameAdapter(DataAdapter):
     def spark_context(self) -> Any:
         return self._sc
 
+    def spark_session(self) -> Any:
+        return self.df.sparkSession
+
     def num_partitions(self) -> int:
         if self._partitions is None:  # adapters are immutable; df.rdd is not free, ask once
             self._partitions = self.df.rdd.getNumPartitions()
@@ -308,6 +322,11 @@ class DataFrameAdapter(DataAdapter):
 
         out = self._selected().mapInArrow(run, "partial binary")
         with _spark_job(self._sc, description):
+            if self.num_partitions() <= DRIVER_MERGE_PARTITIONS:
+                # straight through the JVM to the driver: the stage runs no RDD Python worker
+                # beside the Arrow one, so a task always lands in a worker that ran this fit's
+                # tasks before (its model cached), also when RDD and Arrow tasks share a daemon
+                return _merge_all(Partial.from_bytes(bytes(r[0])) for r in out.collect())
             return _tree_reduce(out.rdd.map(lambda row: Partial.from_bytes(row[0])))
 
     def barrier_map(self, task: BarrierTask, description: str) -> Partial:

@@ -30,7 +30,7 @@ def make_adapter(
     if isinstance(data, DataAdapter):
         return data
     if is_dataframe(data):
-        if not hasattr(data, "rdd"):
+        if not hasattr(data, "_jdf"):  # a classic DataFrame wraps a JVM one (not `data.rdd`: that converts)
             raise DataError(f"{what}: Spark Connect DataFrames are not supported; use a classic SparkSession")
         mapping = resolve_columns(input_infos(model), feature_cols, label_col, sample_weight_col, with_labels=labelled)
         if transform is not None:

@@ -9,9 +9,12 @@ its interpreter). The probe function is shipped *by value* (it is compiled into 
 exists only on the driver), so it runs even where sparkdl_train cannot be imported. The result
 is compared with the driver's (:func:`problems`, pure) and a missing or mismatched environment
 fails in seconds with a :class:`~sparkdl_train.errors.ConfigError` naming the executor, what it
-found, and the fix. A success is cached per SparkContext (its application id), so the check
-costs one job per application; its tasks also import TensorFlow into Python workers that Spark
-then reuses for training.
+found, and the fix. A success is cached per SparkContext (its application id) and kind of stage
+(RDD or DataFrame), so the check costs one job per application and kind; its tasks also import
+TensorFlow into the Python workers that Spark then reuses for training. A fit starts it on a
+helper thread (:func:`start_check`) and waits for it only before its first stage, so the
+executors' imports overlap the driver's own preparation; :func:`sparkdl_train.warm_up` starts it
+as soon as a session exists.
 
 ``spark.sparkdl_train.preflight=false`` skips it; ``spark.sparkdl_train.preflight.timeout``
 (seconds, default 300) bounds the wait for executors, e.g. while they unpack a large archive.
@@ -51,7 +54,7 @@ def probe(index, _rows):
     except Exception:
         ctx = None
     out = {
-        "partition": index, "host": socket.gethostname(), "pid": os.getpid(), "cwd": os.getcwd(),
+        "partition": index, "host": socket.gethostname(), "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
         "python": sys.executable, "python_version": "%d.%d.%d" % tuple(sys.version_info[:3]),
         "stage": ctx.stageId() if ctx else None, "task": ctx.taskAttemptId() if ctx else None,
         "modules": {},
@@ -65,16 +68,32 @@ def probe(index, _rows):
         except BaseException as exc:
             out["modules"][name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
     yield json.dumps(out)
+
+
+def probe_arrow(batches):
+    # the same probe as a DataFrame (mapInArrow) stage: it runs in the Python workers that DataFrame
+    # stages use, which Spark keeps apart from RDD tasks' (another daemon: another TensorFlow import)
+    import pyarrow
+    from pyspark import TaskContext
+    for _ in batches:
+        pass
+    ctx = TaskContext.get()
+    yield pyarrow.RecordBatch.from_pydict({"report": list(probe(ctx.partitionId() if ctx else 0, None))})
 '''
 
-_checked: dict[str, list[dict[str, Any]]] = {}
+_checked: dict[tuple[str, str], list[dict[str, Any]]] = {}
+_pending: dict[tuple[str, str], "PendingCheck"] = {}
 _lock = threading.Lock()
 
 
-def _probe_function() -> Any:
+def _probe_function(name: str = "probe") -> Any:
     namespace: dict[str, Any] = {"__name__": "sparkdl_train_executor_probe", "MODULES": MODULES, "ALSO": ALSO}
     exec(compile(_PROBE_SOURCE, "<sparkdl_train executor probe>", "exec"), namespace)  # noqa: S102 - our own source
-    return namespace["probe"]
+    return namespace[name]
+
+
+def _key(sc: Any, session: Any) -> tuple[str, str]:
+    return (sc.applicationId, "rdd" if session is None else "arrow")
 
 
 def driver_versions() -> dict[str, str]:
@@ -112,10 +131,16 @@ def describe(report: dict[str, Any]) -> str:
             f"python {report.get('python')} {report.get('python_version')})")
 
 
-def check_executors(sc: Any, timeout: float | None = None, force: bool = False) -> list[dict[str, Any]]:
+def check_executors(sc: Any, timeout: float | None = None, force: bool = False, session: Any = None) -> list[dict[str, Any]]:
     """Run the environment check on ``sc``'s executors (once per application unless ``force``);
     returns one report per probe task, each with the ``executor_id`` that ran it. Raises
     :class:`ConfigError` when an executor cannot run the driver's sparkdl_train.
+
+    With a SparkSession ``session`` the probe runs as a DataFrame (``mapInArrow``) stage, in the
+    Python workers DataFrame training uses; without, as an RDD stage (the workers RDD training
+    uses). Spark starts separate worker daemons for the two unless
+    ``spark.sparkdl_train.worker.shareDaemon`` joins them, and each imports TensorFlow once:
+    checking through the kind of stage the fit will run pays that import where it is reused.
 
     With ``timeout=None`` the ``spark.sparkdl_train.preflight*`` keys decide (``preflight=false``:
     nothing is checked and ``[]`` is returned)."""
@@ -128,14 +153,17 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False) 
         if not cfg.core.preflight:
             return []
         timeout = cfg.core.preflight_timeout
-    key = sc.applicationId
+    key = _key(sc, session)
     with _lock:
         if key in _checked and not force:
             return _checked[key]
     n = max(1, int(sc.defaultParallelism))
-    rdd = sc.parallelize(range(n), n).mapPartitionsWithIndex(_probe_function())
     tag = f"sparkdl_train-preflight-{uuid.uuid4().hex[:8]}"
-    rows = _collect_with_timeout(sc, rdd, tag, timeout)
+    if session is None:
+        rows = _collect_with_timeout(sc, sc.parallelize(range(n), n).mapPartitionsWithIndex(_probe_function()), tag, timeout)
+    else:
+        frame = session.range(0, n, 1, n).mapInArrow(_probe_function("probe_arrow"), "report string")
+        rows = [r[0] for r in _collect_with_timeout(sc, frame, tag, timeout)]
     reports = [json.loads(r) for r in rows]
     found = executor_ids(sc, ((r.get("stage"), r.get("task")) for r in reports))
     for r in reports:
@@ -162,18 +190,84 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False) 
 
 
 def forget(sc: Any) -> None:
-    """Drop the cached result for ``sc`` (the next fit checks again)."""
+    """Drop the cached results for ``sc`` (the next fit checks again)."""
     with _lock:
-        _checked.pop(sc.applicationId, None)
+        for kind in ("rdd", "arrow"):
+            _checked.pop((sc.applicationId, kind), None)
 
 
 def cached(sc: Any) -> list[dict[str, Any]] | None:
     with _lock:
-        return _checked.get(sc.applicationId)
+        return _checked.get((sc.applicationId, "rdd")) or _checked.get((sc.applicationId, "arrow"))
 
 
-def _collect_with_timeout(sc: Any, rdd: Any, tag: str, timeout: float) -> list[str]:
-    """``rdd.collect()`` on a helper thread, cancelled after ``timeout`` seconds (executors that never
+class PendingCheck:
+    """An environment check running on a helper thread (:func:`start_check`): the driver goes on
+    preparing a fit (serializing the model, sampling the data, tracing its own test step) while the
+    executors start their Python workers and import TensorFlow. :meth:`result` waits for it."""
+
+    def __init__(self, run: Any, timeout: float):
+        self._timeout = timeout
+        self._box: dict[str, Any] = {}
+        self._done = threading.Event()
+
+        def target() -> None:
+            try:
+                self._box["reports"] = run()
+            except BaseException as exc:  # noqa: BLE001 - raised by result()
+                self._box["error"] = exc
+            finally:
+                self._done.set()
+
+        self._thread = threading.Thread(target=target, name="sparkdl_train-preflight-start", daemon=True)
+
+    @classmethod
+    def finished(cls, reports: list[dict[str, Any]]) -> "PendingCheck":
+        done = cls(lambda: reports, 0.0)
+        done._box["reports"] = reports
+        done._done.set()
+        return done
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self) -> list[dict[str, Any]]:
+        """The reports, or the check's :class:`ConfigError`. The check cancels its own job after its
+        timeout; this wait adds a margin for the cancellation and never blocks forever."""
+        if not self._done.wait(self._timeout + 60.0):
+            raise ConfigError(f"the executors' environment check did not end within {self._timeout + 60:g} s")
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["reports"]
+
+
+def start_check(sc: Any, timeout: float, session: Any = None) -> PendingCheck:
+    """:func:`check_executors` on a helper thread; a check already cached or under way for this
+    application (and kind of stage) is shared, not run twice."""
+    key = _key(sc, session)
+    with _lock:
+        if key in _checked:
+            return PendingCheck.finished(_checked[key])
+        running = _pending.get(key)
+        if running is not None and not running.done():
+            return running
+
+        def run() -> list[dict[str, Any]]:
+            try:
+                return check_executors(sc, timeout=timeout, session=session)
+            finally:
+                with _lock:
+                    if _pending.get(key) is pending:
+                        del _pending[key]
+
+        pending = PendingCheck(run, timeout)
+        _pending[key] = pending
+    pending._thread.start()
+    return pending
+
+
+def _collect_with_timeout(sc: Any, rdd: Any, tag: str, timeout: float) -> list[Any]:
+    """``rdd.collect()`` (an RDD's or a DataFrame's) on a helper thread, cancelled after ``timeout`` seconds (executors that never
     start, or a cluster with no free slots, must not hang the fit)."""
     from pyspark import InheritableThread
 

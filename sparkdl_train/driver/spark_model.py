@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..config import EngineConfig, FitConfig, arguments_doc, split_applicable
 from ..data.adapters import DataAdapter, is_dataframe, is_rdd
@@ -15,9 +17,12 @@ from ..errors import ConfigError, DataError
 from ..model_io import ModelPayload, check_compiled, serialize_model
 from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
+from . import warm_up
 from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs, use_tls
 from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
+from .phases import Phases
+from .preflight import PendingCheck
 from .progress import FitProgress
 from .session import SharedRefs
 from .stats import EpochStats, FitStats
@@ -187,28 +192,40 @@ class SparkModel:
         if validation_data is not None and validation_split:
             raise ConfigError("pass either validation_data or validation_split, not both")
         _check_callbacks(callbacks)
+        phases = Phases()  # FitStats.phases: where the time before the first epoch goes
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         self._remember_transform(transform, data)
         model = self._model
-        payload = self._payload()
-        train = self._adapter(data, labelled=True, what="data")
-        config = self._conf(train)
+        with phases("payload"):
+            payload = self._payload()
+        with phases("adapter"):
+            train = self._adapter(data, labelled=True, what="data")
+            config = self._conf(train)
         sc = _spark_context(train)
-        environment = self._preflight(train, config)
-        train, val = self._validation(train, validation_data, fit_cfg, config)
-        engine_cls = engine_class(config)
-        launch = engine_cls.plan(config, sc, train)  # slot checks fail here, before any job
-        launch = dataclasses.replace(launch, tls=use_tls(config, sc))
-        train = train.with_partitions(launch.workers, shuffle=launch.barrier)
-        self._check_sample(train, "data")
-        if val is not None:
-            self._check_sample(val, "validation_data")
+        # the executors' check (their Python workers, TensorFlow imports) runs while the driver prepares
+        check = self._start_preflight(train, config)
+        with _preflight_first(check):
+            with phases("validation_split"):
+                train, val = self._validation(train, validation_data, fit_cfg, config)
+            with phases("plan"):
+                engine_cls = engine_class(config)
+                launch = engine_cls.plan(config, sc, train)  # slot checks fail here, before any job
+                launch = dataclasses.replace(launch, tls=use_tls(config, sc))
+                train = train.with_partitions(launch.workers, shuffle=launch.barrier)
+            with phases("sample_check"):
+                self._check_sample(train, "data")
+                if val is not None:
+                    self._check_sample(val, "validation_data")
+        with phases("preflight"):  # what is left of the check's time after the driver's preparation
+            environment = check.result() if check is not None else None
         threads = self._threads(train, launch.workers, config)
         settings = StepSettings(batch_size=fit_cfg.batch_size, shuffle=fit_cfg.shuffle, shuffle_buffer_size=config.data.shuffle_buffer_size,
                                 seed=config.seed, threads=threads, nan_policy=config.data.nan_policy)
         self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                               master=sc.master if sc is not None else None, environment=environment)
-        fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
+        self.stats.phases = phases.seconds
+        with phases("restore"):
+            fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
         cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
                                           verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None)
         progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, launch.workers, log_interval=config.core.log_interval)
@@ -222,9 +239,14 @@ class SparkModel:
         engine = None
         try:
             # the job group, report server and the engine's servers live exactly this long
-            with monitor, engine_cls(config, model, sc, launch) as engine:
+            with contextlib.ExitStack() as stack:
+                with phases("start"):
+                    stack.enter_context(monitor)
+                    engine = stack.enter_context(engine_cls(config, model, sc, launch))
                 cb.on_train_begin()
                 logs = self._run_epochs(engine, loop)
+                stopping = time.perf_counter()
+            phases.add("stop", time.perf_counter() - stopping)
         finally:
             self.stats.server = engine.stats() if engine is not None else None
             self.stats.reports = monitor.reports_received
@@ -242,6 +264,8 @@ class SparkModel:
             cb.on_epoch_begin(epoch)
             progress.epoch_begin(epoch)
             ctx = EpochContext(model, loop.train, loop.refs, loop.settings, epoch, fit_cfg.epochs, loop.monitor)
+            ph = ctx.phases
+            started = time.perf_counter()
             try:
                 logs, stats = engine.train_epoch(ctx)
             except EpochStopped as stop:
@@ -253,19 +277,25 @@ class SparkModel:
                 log.info("epoch %d/%d stopped early after %d samples", epoch + 1, fit_cfg.epochs, t.samples)
                 cb.on_epoch_end(epoch, logs)
                 break
+            # the engine's own work after the job: merging, applying the state, its bookkeeping
+            ph.add("merge", time.perf_counter() - started - ph.seconds.get("broadcast", 0.0) - ph.seconds.get("job", 0.0))
             if loop.val is not None:
-                val_logs = evaluate_logs(
-                    model, loop.val, loop.refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
-                )
+                with ph("validation"):
+                    val_logs = evaluate_logs(
+                        model, loop.val, loop.refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
+                    )
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
+            stats.phases = ph.seconds
             self.stats.epochs.append(stats)
-            progress.epoch_end(epoch, logs, stats.samples, stats.seconds)
-            log.info("epoch %d/%d %s (%.0f samples/s)", epoch + 1, fit_cfg.epochs,
-                     " ".join(f"{k}={v:.4g}" for k, v in logs.items() if isinstance(v, float)), stats.samples_per_second)
-            cb.on_epoch_end(epoch, logs)
+            with ph("callbacks"):
+                progress.epoch_end(epoch, logs, stats.samples, stats.seconds)
+                log.info("epoch %d/%d %s (%.0f samples/s)", epoch + 1, fit_cfg.epochs,
+                         " ".join(f"{k}={v:.4g}" for k, v in logs.items() if isinstance(v, float)), stats.samples_per_second)
+                cb.on_epoch_end(epoch, logs)
             if loop.checkpointer is not None:  # after the callbacks: a learning-rate change is part of the state
-                loop.checkpointer.save(model, epoch + 1, logs, {"mode": self.stats.mode, "frequency": self.stats.frequency,
-                                                                "num_workers": self.stats.num_workers, "epochs": fit_cfg.epochs})
+                with ph("checkpoint"):
+                    loop.checkpointer.save(model, epoch + 1, logs, {"mode": self.stats.mode, "frequency": self.stats.frequency,
+                                                                    "num_workers": self.stats.num_workers, "epochs": fit_cfg.epochs})
             if model.stop_training:
                 break
         return logs
@@ -314,8 +344,11 @@ class SparkModel:
         payload = self._payload()
         adapter = self._adapter(data, labelled=True, what="data")
         conf = self._conf(adapter)
-        self._preflight(adapter, conf)
-        self._check_sample(adapter, "data")
+        check = self._start_preflight(adapter, conf)
+        with _preflight_first(check):
+            self._check_sample(adapter, "data")
+        if check is not None:
+            check.result()
         settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf), nan_policy=conf.data.nan_policy)
         refs = SharedRefs(payload)
         try:
@@ -351,12 +384,15 @@ class SparkModel:
         payload = self._payload()
         adapter = self._adapter(data, labelled=False, what="data")
         conf = self._conf(adapter)
-        self._preflight(adapter, conf)
-        sample_x = adapter.sample(_SAMPLE_ROWS)[0]
-        try:
-            sample_out = self._model.predict_on_batch(sample_x)
-        except Exception as exc:  # noqa: BLE001
-            raise DataError(f"the model cannot run on the given features: {type(exc).__name__}: {exc}") from exc
+        check = self._start_preflight(adapter, conf)
+        with _preflight_first(check):
+            sample_x = adapter.sample(_SAMPLE_ROWS)[0]
+            try:
+                sample_out = self._model.predict_on_batch(sample_x)
+            except Exception as exc:  # noqa: BLE001
+                raise DataError(f"the model cannot run on the given features: {type(exc).__name__}: {exc}") from exc
+        if check is not None:
+            check.result()
         columns = output_columns(sample_out, prediction_col)
         settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf))
         refs = SharedRefs(payload)
@@ -418,15 +454,14 @@ class SparkModel:
         return _resolve(_spark_context(adapter), self._overrides)
 
     @staticmethod
-    def _preflight(adapter: DataAdapter, engine: EngineConfig) -> list[dict[str, Any]] | None:
-        """Once per Spark application: the executors can import this sparkdl_train, keras and
-        tensorflow (:mod:`sparkdl_train.driver.preflight`), before any job runs our code there."""
+    def _start_preflight(adapter: DataAdapter, engine: EngineConfig) -> PendingCheck | None:
+        """Once per Spark application (and kind of stage): the executors can import this
+        sparkdl_train, keras and tensorflow (:mod:`sparkdl_train.driver.preflight`). Started here,
+        on a helper thread, and waited for before the first job that runs our code there."""
         sc = _spark_context(adapter)
-        if sc is None or not engine.core.preflight:
+        if sc is None:
             return None
-        from .preflight import check_executors
-
-        return check_executors(sc, timeout=engine.core.preflight_timeout)
+        return warm_up.start(sc, engine, adapter.spark_session())
 
     @staticmethod
     def _threads(adapter: DataAdapter, workers: int, engine: EngineConfig) -> int | None:
@@ -488,6 +523,19 @@ def _shipping_key(model: Any, custom_objects: dict[str, Any], safe_mode: bool) -
         )
     except Exception:  # noqa: BLE001 - a model whose config cannot be read is simply re-serialized
         return None
+
+
+@contextlib.contextmanager
+def _preflight_first(check: PendingCheck | None) -> Iterator[None]:
+    """The driver's preparation beside a running preflight: when it fails (a sample job on
+    executors that cannot run Python, say), the preflight's error, which names the executor and
+    the fix, is the one raised, with the other as its context."""
+    try:
+        yield
+    except BaseException:
+        if check is not None:
+            check.result()  # raises the environment's ConfigError if that is what went wrong
+        raise
 
 
 def _resolve(sc: Any, overrides: dict[str, Any]) -> EngineConfig:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .phases import task_startup
+
 
 @dataclass
 class EpochStats:
@@ -15,6 +17,13 @@ class EpochStats:
     partitions: dict[int, dict[str, Any]]
     empty_partitions: list[int]
     interrupted: bool = False  # stopped mid-epoch (model.stop_training set by a callback)
+    # driver wall seconds: broadcast, job (the Spark job), merge, validation, callbacks, checkpoint
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def task_startup(self) -> dict[str, float]:
+        """The slowest task's startup costs (:data:`sparkdl_train.driver.phases.TASK_STARTUP`)."""
+        return task_startup(self.partitions)
 
     @property
     def samples_per_second(self) -> float:
@@ -33,6 +42,20 @@ class FitStats:
     master: str | None = None  # the Spark master the fit ran on
     environment: list[dict[str, Any]] | None = None  # the executor environment check's reports (preflight)
     tls: bool = False  # the fit's sockets (parameter server, ring, reports) used TLS
+    # driver wall seconds before the first epoch and after the last: payload, adapter, preflight,
+    # validation_split, plan, sample_check, restore, start (servers), stop
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def fixed_costs(self) -> dict[str, Any]:
+        """Where the fixed cost of this fit went: the driver's set-up phases, the first epoch's
+        driver phases and its slowest task's startup (TensorFlow import, model rebuild, state,
+        first batch, first step, first pull / rendezvous)."""
+        first = self.epochs[0] if self.epochs else None
+        return {
+            "driver": dict(self.phases),
+            "first_epoch": dict(first.phases) if first else {},
+            "tasks": first.task_startup if first else {},
+        }
 
     def executor_ids(self) -> list[str]:
         """The executors that ran this fit's training tasks (``"driver"`` in local mode)."""
@@ -50,6 +73,7 @@ class FitStats:
             "executor_ids": self.executor_ids(),
             "environment": self.environment,
             "tls": self.tls,
+            "phases": self.phases,
             "epochs": [
                 {
                     "epoch": e.epoch,
@@ -59,6 +83,8 @@ class FitStats:
                     "samples_per_second": e.samples_per_second,
                     "empty_partitions": e.empty_partitions,
                     "interrupted": e.interrupted,
+                    "phases": e.phases,
+                    "task_startup": e.task_startup,
                     "partitions": e.partitions,
                 }
                 for e in self.epochs

@@ -25,7 +25,8 @@ def submitted_session(app_name: str) -> Any:
 def start_job(app_name: str, output: str, spark: Any = None) -> tuple[Any, bool, str]:
     """A job script's start: logging, the session (``spark`` when given: tests, notebooks; else the
     submitted one), the executors' environment check before any of our code runs there (a clear
-    error, not a ModuleNotFoundError in the first task), and the output folder. Returns
+    error, not a ModuleNotFoundError in the first task; run as a DataFrame stage, in the Python
+    workers the jobs' DataFrame fits then reuse), and the output folder. Returns
     ``(spark, own_session, absolute output folder)``."""
     import logging
 
@@ -37,7 +38,7 @@ def start_job(app_name: str, output: str, spark: Any = None) -> tuple[Any, bool,
     if own_session:
         spark = submitted_session(app_name)
         spark.sparkContext.setLogLevel("WARN")
-    check_executors(spark.sparkContext)
+    check_executors(spark.sparkContext, session=spark)
     out_dir = os.path.abspath(output)
     os.makedirs(out_dir, exist_ok=True)
     return spark, own_session, out_dir

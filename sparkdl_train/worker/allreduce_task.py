@@ -75,8 +75,10 @@ class AllreduceTrainTask:
         link = None
         try:
             run = PartitionPass(self.payload, self.state, self.settings, partition, device=device, epoch=self.epoch, report=self.report)
+            t0 = time.perf_counter()
             link = rendezvous(group, self.ring.host or host, self.ring.secret, self.ring.timeout, self.ring.connect_timeout,
                               tls=self.ring.tls)
+            run.startup["rendezvous"] = time.perf_counter() - t0
             return self._train(run, chunks, link, rank, size)
         except PeerAborted as exc:
             if link is not None and exc.origin != rank:
@@ -115,6 +117,7 @@ class AllreduceTrainTask:
             if rank != 0:
                 set_state(model, state)
         comm += time.perf_counter() - t0
+        run.startup["ring_broadcast"] = time.perf_counter() - t0
 
         step = _fused_step(model, s.batch_size)
         buf = np.empty(step.size, np.float32)
@@ -123,9 +126,12 @@ class AllreduceTrainTask:
         while True:
             batch = next(batches, None)
             if batch is not None:
+                t1 = time.perf_counter()
                 if local_steps == 0:
                     _compat.symbolic_build(model, batch)
                 samples += step.gradients(batch, buf)
+                if local_steps == 0:
+                    run.startup["first_step"] = time.perf_counter() - t1  # tracing the fused step, when new
                 local_steps += 1
             else:
                 buf.fill(0.0)

@@ -30,6 +30,10 @@ PRELOAD = (
     "sparkdl_train.worker.ps_task",
     "sparkdl_train.worker.allreduce_task",
     "sparkdl_train.data.arrow",
+    # what a DataFrame task's worker imports to read Arrow batches (mapInArrow)
+    "pandas",
+    "pyspark.sql.pandas.serializers",
+    "pyspark.worker",
 )
 
 

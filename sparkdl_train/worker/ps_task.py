@@ -6,6 +6,7 @@ travel by rows (:mod:`sparkdl_train.worker.sparse`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -61,9 +62,11 @@ class PSTrainTask:
             return sync.want(ahead.peek(window)) if window else None
 
         with PSClient(ps.host, ps.port, ps.secret, partition, ps.timeout, ps.connect_timeout, tls=ps.tls) as client:
+            t0 = time.perf_counter()
             wanted = want()
             version, fresh = client.pull(wanted)
             sync.receive(fresh, wanted)
+            run.startup["first_pull"] = time.perf_counter() - t0  # connect, handshake, first weights
             mark = {"version": version, "steps": 0, "samples": 0, "pushes": 0}
 
             def push(steps: int, samples: int) -> None:
@@ -78,7 +81,7 @@ class PSTrainTask:
                     push(steps, samples)
                 run.reporter(steps, samples, model)
 
-            samples, steps = run_steps(model, sync.track(ahead), training=True, on_batch=on_batch)
+            samples, steps = run_steps(model, sync.track(ahead), training=True, on_batch=on_batch, startup=run.startup)
             if steps > mark["steps"]:
                 push(steps, samples)
             client.done()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -19,6 +21,7 @@ log = logging.getLogger(__name__)
 _MAX_CACHED_MODELS = 2
 _models: "OrderedDict[str, Any]" = OrderedDict()
 _threads: int | None = None
+_import_seconds = 0.0  # TensorFlow's import in this process, not yet reported by a task
 
 
 def prepare_process(threads: int | None) -> None:
@@ -28,6 +31,7 @@ def prepare_process(threads: int | None) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if threads is None or _threads is not None:
         return
+    import_tensorflow()
     import tensorflow as tf
 
     try:
@@ -37,6 +41,33 @@ def prepare_process(threads: int | None) -> None:
     except RuntimeError:  # TF already initialised in this process: keep its pools
         _threads = tf.config.threading.get_intra_op_parallelism_threads() or threads
         log.debug("TensorFlow already initialised; keeping its thread pools")
+
+
+def import_tensorflow() -> float:
+    """Import TensorFlow; returns the seconds it took (0.0 when this process already had it, as a
+    worker forked from :mod:`sparkdl_train.worker.daemon` does)."""
+    global _import_seconds
+    if "tensorflow" in sys.modules:
+        return 0.0
+    start = time.perf_counter()
+    import tensorflow  # noqa: F401
+
+    seconds = time.perf_counter() - start
+    _import_seconds += seconds
+    return seconds
+
+
+def take_import_seconds() -> float:
+    """The seconds this process spent importing TensorFlow that no task has reported yet (the
+    first task in a fresh worker reports them; 0.0 afterwards)."""
+    global _import_seconds
+    seconds, _import_seconds = _import_seconds, 0.0
+    return seconds
+
+
+def is_cached(payload: ModelPayload, device: str | None = None) -> bool:
+    """Whether this worker holds the model for ``payload`` already (rebuilt and traced)."""
+    return f"{payload.digest}@{device}" in _models
 
 
 def get_model(payload: ModelPayload, device: str | None = None) -> Any:

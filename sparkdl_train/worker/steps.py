@@ -8,6 +8,7 @@ accumulate exactly as ``Model.fit`` / ``Model.evaluate`` would.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -21,15 +22,20 @@ def run_steps(
     batches: Iterable[Batch],
     training: bool,
     on_batch: Callable[[int, int], None] | None = None,
+    startup: dict[str, Any] | None = None,
 ) -> tuple[int, int]:
-    """Run one step per batch; return ``(samples, steps)``. Metrics accumulate."""
+    """Run one step per batch; return ``(samples, steps)``. Metrics accumulate. ``startup``
+    receives ``first_step``: the first step's seconds (tracing and compiling it, when this
+    worker's model has not run one before)."""
     samples = steps = 0
     fn = None
+    first = None
     for batch in batches:
         n = num_rows(batch)
         if n == 0:
             continue
         if fn is None:
+            first = time.perf_counter()
             _compat.symbolic_build(model, batch)
             if training:
                 model.make_train_function()
@@ -38,6 +44,10 @@ def run_steps(
                 model.make_test_function()
                 fn = model.test_function
         fn([batch])
+        if first is not None:
+            if startup is not None:
+                startup["first_step"] = time.perf_counter() - first
+            first = None
         samples += n
         steps += 1
         if on_batch is not None:

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -88,6 +88,7 @@ def _info(samples: int, steps: int, start: float) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - start, 4),
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "daemon_pid": os.getppid(),  # the Python worker daemon it was forked from (Spark's, or sparkdl_train's)
         "peak_rss_mb": peak_rss_mb(),
     }
 
@@ -119,10 +120,21 @@ def on_task_device(call):
     return wrapper
 
 
-def _model(payload: Ref, state: Ref, settings: StepSettings, device: str | None) -> Any:
+def _model(payload: Ref, state: Ref, settings: StepSettings, device: str | None, startup: dict[str, Any] | None = None) -> Any:
+    """The model for ``payload`` with the broadcast ``state``; ``startup`` receives the seconds
+    spent importing TensorFlow, rebuilding the model (0 when this worker has it cached) and
+    fetching and applying the state."""
+    startup = {} if startup is None else startup
     runtime.prepare_process(settings.threads)
-    model = runtime.get_model(payload.value, device)
+    runtime.import_tensorflow()
+    startup["tf_import"] = runtime.take_import_seconds()  # here, or in placed() before this task
+    t0 = time.perf_counter()
+    value = payload.value
+    startup["model_cached"] = runtime.is_cached(value, device)
+    model = runtime.get_model(value, device)
+    t1 = time.perf_counter()
     apply_state(model, state.value)
+    startup.update(rebuild=t1 - t0, state=time.perf_counter() - t1)
     return model
 
 
@@ -144,7 +156,10 @@ class PartitionPass:
         self.settings = settings
         self.partition = partition
         self.training = training
-        self.model = _model(payload, state, settings, device)
+        # this task's fixed costs in seconds (sparkdl_train.driver.phases.TASK_STARTUP); the
+        # steps fill in "first_batch" (data ready) and "first_step" (tracing, when not cached)
+        self.startup: dict[str, Any] = {}
+        self.model = _model(payload, state, settings, device, self.startup)
         self.model.reset_metrics()  # metrics accumulate from zero over this partition
         self.rng = np.random.default_rng([settings.seed, epoch, partition]) if epoch is not None else None
         self.screen = Screen(settings.nan_policy, partition, self.model)
@@ -153,7 +168,19 @@ class PartitionPass:
     def batches(self, chunks: Iterable[Batch]) -> Iterable[Batch]:
         s = self.settings
         shuffle = self.training and s.shuffle
-        return prefetch(rebatch(self.screen(chunks), s.batch_size, shuffle=shuffle, buffer_rows=s.shuffle_buffer_size, rng=self.rng))
+        return self._first_batch_timed(
+            prefetch(rebatch(self.screen(chunks), s.batch_size, shuffle=shuffle, buffer_rows=s.shuffle_buffer_size, rng=self.rng)))
+
+    def _first_batch_timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        try:
+            for i, batch in enumerate(batches):
+                if i == 0:
+                    self.startup["first_batch"] = time.perf_counter() - self.start
+                yield batch
+        finally:  # a consumer that stops early stops the prefetch thread now, not at garbage collection
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
     def on_batch(self) -> Any:
         """A ``run_steps`` callback that reports progress (``None`` when nobody listens)."""
@@ -163,7 +190,8 @@ class PartitionPass:
 
     def run(self, chunks: Iterable[Batch]) -> tuple[int, int]:
         """Keras' own train (or test) step over the whole partition; returns ``(samples, steps)``."""
-        samples, steps = run_steps(self.model, self.batches(chunks), training=self.training, on_batch=self.on_batch())
+        samples, steps = run_steps(self.model, self.batches(chunks), training=self.training, on_batch=self.on_batch(),
+                                   startup=self.startup)
         self.finish(steps, samples)
         return samples, steps
 
@@ -171,7 +199,8 @@ class PartitionPass:
         self.reporter.finish(steps, samples, self.model)
 
     def info(self, samples: int, steps: int, **extra: Any) -> dict[str, Any]:
-        return {**_info(samples, steps, self.start), **self.screen.info(), **extra}
+        startup = {k: round(v, 4) if isinstance(v, float) else v for k, v in self.startup.items()}
+        return {**_info(samples, steps, self.start), **self.screen.info(), "startup": startup, **extra}
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...config import EngineConfig
@@ -44,6 +44,7 @@ from ...net import tls
 from ...worker.tasks import EvaluateTask, StepSettings
 from ..executors import locate
 from ..monitor import FitMonitor
+from ..phases import Phases
 from ..session import SharedRefs
 from ..stats import EpochStats
 
@@ -71,6 +72,7 @@ class EpochContext:
     epoch: int
     epochs: int
     monitor: FitMonitor
+    phases: Phases = field(default_factory=Phases)  # the driver's time in this epoch, by phase
 
     @property
     def description(self) -> str:
@@ -147,11 +149,14 @@ def run_epoch(
     fit's monitor), record where each task ran, merge."""
     model, train, refs, epoch = ctx.model, ctx.train, ctx.refs, ctx.epoch
     start = time.perf_counter()
-    state = refs.state_ref(train, model, include_optimizer=True)
+    with ctx.phases("broadcast"):
+        payload = refs.payload_ref(train)  # once per fit (released by refs)
+        state = refs.state_ref(train, model, include_optimizer=True)
     launch = launch or train.map_reduce
     try:
-        task = make_task(refs.payload_ref(train), state, ctx.monitor.report_settings(epoch))
-        partial: Partial = ctx.monitor.run(epoch, lambda: launch(task, ctx.description))
+        task = make_task(payload, state, ctx.monitor.report_settings(epoch))
+        with ctx.phases("job"):
+            partial: Partial = ctx.monitor.run(epoch, lambda: launch(task, ctx.description))
     finally:
         train.unshare(state)
     locate(train.spark_context(), partial.partitions)

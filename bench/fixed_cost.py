@@ -1,0 +1,165 @@
+"""Fixed cost of a fit: where the first epoch's time goes, against single-process Keras.
+
+On the generated CTR data of ``bench/e2e_ctr.py`` (``--rows`` rows, DeepFM, batch 256), each
+configuration runs in its own process with its Spark session already started (the JVM's start is
+not counted), and times what a notebook user waits for:
+
+1. ``keras``: a fresh model's first ``model.fit`` epoch on numpy arrays (tracing included);
+2. ``sync``: ``SparkModel(mode="synchronous", frequency="epoch")`` with 2 workers on ``local[2]``:
+   the first ``fit`` of one epoch, then a second one-epoch ``fit`` on the same SparkModel;
+3. ``async``: asynchronous parameter server, frequency ``batch``: the first one-epoch ``fit``;
+4. ``sync-shared`` / ``async-shared``: the same with the RDD-and-Arrow worker sharing of
+   :mod:`sparkdl_train.driver.python_workers` turned on (off by default);
+5. ``sync-warmed``: ``sparkdl_train.warm_up(spark)`` called as the session starts, the data and
+   model prepared, the warm-up waited for (its remaining wait printed), then the first fit timed:
+   what a notebook or job that warms up at its start sees.
+
+Each sparkdl_train run prints ``FitStats.fixed_costs()``: the driver's phases before the first
+epoch (payload, adapter, preflight, sample check, ...), the first epoch's driver phases
+(broadcast, job, merge) and the slowest task's startup (TensorFlow import, model rebuild, state,
+first batch, first step, first pull). Ratios are against (1), measured in the same invocation;
+the issue's targets: first fit ≤ 1.1x (synchronous), second fit ≤ 1.0x, asynchronous ≤ 1.5x.
+
+    python bench/fixed_cost.py --rows 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import e2e_ctr  # noqa: E402 - the data and the model of the end-to-end bench
+
+BATCH = 256
+TARGETS = {"sync first fit": 1.1, "sync second fit": 1.0, "async first fit": 1.5}
+
+
+def run_keras(meta: dict) -> dict:
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(e2e_ctr.cores())
+    x, y = e2e_ctr.read_arrays(os.path.join(meta["path"], "train"))
+    model = e2e_ctr.build_model(meta["vocab_size"])
+    t0 = time.perf_counter()
+    model.fit(x, y, epochs=1, batch_size=BATCH, verbose=0, shuffle=True)
+    return {"fits": [time.perf_counter() - t0]}
+
+
+def run_sdt(meta: dict, mode: str, frequency: str, fits: int, share: bool, warm: bool = False) -> dict:
+    from sparkdl_train import SparkModel, warm_up
+
+    # shareDaemon: one Python worker pool for RDD and DataFrame tasks (off by default)
+    spark = e2e_ctr.spark_session("local[2]", 1, f"sparkdl_train fixed cost: {mode}",
+                                  {"spark.sparkdl_train.worker.shareDaemon": str(share).lower(),
+                                   # as the shipped conf/ files and ./run job set it (README: Fast start)
+                                   "spark.python.daemon.module": "sparkdl_train.worker.daemon"})
+    try:
+        started = time.perf_counter()
+        check = warm_up(spark) if warm else None
+        train = spark.read.parquet(os.path.join(meta["path"], "train"))
+        columns = {"feature_cols": {"numeric": "numeric", "categorical": "categorical"}, "label_col": "label"}
+        sm = SparkModel(e2e_ctr.build_model(meta["vocab_size"]), mode=mode, frequency=frequency, num_workers=2,
+                        seed=e2e_ctr.SEED, worker_threads=1)
+        out: dict = {"fits": [], "fixed_costs": []}
+        if check is not None:
+            prepared = time.perf_counter()
+            check.result()
+            out["warm_up"] = {"prepare": prepared - started, "left_to_wait": time.perf_counter() - prepared}
+        for _ in range(fits):
+            t0 = time.perf_counter()
+            sm.fit(train, epochs=1, batch_size=BATCH, verbose=0, **columns)
+            out["fits"].append(time.perf_counter() - t0)
+            out["fixed_costs"].append(sm.stats.fixed_costs())
+        return out
+    finally:
+        spark.stop()
+
+
+def child(cfg: dict) -> None:
+    meta = e2e_ctr.prepare(cfg["rows"], cfg["work"])
+    if cfg["kind"] == "keras":
+        result = run_keras(meta)
+    else:
+        result = run_sdt(meta, cfg["mode"], cfg["frequency"], cfg["fits"], cfg["share"], cfg.get("warm", False))
+    with open(cfg["result"], "w") as f:
+        json.dump(result, f)
+
+
+def launch(cfg: dict) -> dict:
+    import subprocess
+
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env.setdefault("SPARK_CONF_DIR", os.path.join(os.path.dirname(HERE), "conf"))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-6000:])
+        raise SystemExit(f"{cfg['name']} failed (exit {proc.returncode})")
+    with open(cfg["result"]) as f:
+        return json.load(f)
+
+
+def _costs(fixed: dict) -> str:
+    parts = [f"{k} {v:.2f}" for k, v in fixed["driver"].items() if v >= 0.05]
+    parts += [f"epoch.{k} {v:.2f}" for k, v in fixed["first_epoch"].items() if v >= 0.05]
+    parts += [f"task.{k} {v:.2f}" for k, v in fixed["tasks"].items() if v >= 0.05]
+    return ", ".join(parts)
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "sparkdl_train_bench"))
+    p.add_argument("--child")
+    args = p.parse_args(argv)
+    if args.child:
+        return child(json.loads(args.child))
+    os.makedirs(args.work, exist_ok=True)
+    e2e_ctr.launch({"kind": "prepare", "rows": args.rows, "work": args.work,
+                    "result": os.path.join(args.work, "prepare.json")}, e2e_ctr.cores())
+    configs = [
+        {"name": "keras", "kind": "keras"},
+        {"name": "sync", "kind": "sdt", "mode": "synchronous", "frequency": "epoch", "fits": 2, "share": False},
+        {"name": "async", "kind": "sdt", "mode": "asynchronous", "frequency": "batch", "fits": 1, "share": False},
+        {"name": "sync-shared", "kind": "sdt", "mode": "synchronous", "frequency": "epoch", "fits": 2, "share": True},
+        {"name": "async-shared", "kind": "sdt", "mode": "asynchronous", "frequency": "batch", "fits": 1, "share": True},
+        {"name": "sync-warmed", "kind": "sdt", "mode": "synchronous", "frequency": "epoch", "fits": 1, "share": False,
+         "warm": True},
+    ]
+    results = {}
+    for cfg in configs:
+        cfg.update(rows=args.rows, work=args.work, result=os.path.join(args.work, f"fixed_{cfg['name']}.json"))
+        results[cfg["name"]] = r = launch(cfg)
+        print(f"{cfg['name']:>15}: fits {', '.join(f'{s:.2f} s' for s in r['fits'])}", flush=True)
+        if "warm_up" in r:
+            w = r["warm_up"]
+            print(f"{'':>17}warm_up: data and model prepared in {w['prepare']:.2f} s, then {w['left_to_wait']:.2f} s "
+                  "left to wait before the fit", flush=True)
+        for i, fixed in enumerate(r.get("fixed_costs", [])):
+            print(f"{'':>17}fit {i + 1}: {_costs(fixed)}", flush=True)
+    keras_first = results["keras"]["fits"][0]
+    ratios = {
+        "sync first fit": results["sync"]["fits"][0] / keras_first,
+        "sync second fit": results["sync"]["fits"][1] / keras_first,
+        "async first fit": results["async"]["fits"][0] / keras_first,
+        "sync first fit, shareDaemon": results["sync-shared"]["fits"][0] / keras_first,
+        "sync second fit, shareDaemon": results["sync-shared"]["fits"][1] / keras_first,
+        "async first fit, shareDaemon": results["async-shared"]["fits"][0] / keras_first,
+        "sync first fit after warm_up": results["sync-warmed"]["fits"][0] / keras_first,
+    }
+    print(f"\nagainst Keras' first epoch ({keras_first:.2f} s, {args.rows} rows, batch {BATCH}):")
+    for name, ratio in ratios.items():
+        target = TARGETS.get(name)
+        print(f"  {name:<36} {ratio:5.2f}x" + (f"   target <= {target}x: {'met' if ratio <= target else 'NOT met'}" if target else ""))
+    print(json.dumps({"rows": args.rows, "seconds": {k: v["fits"] for k, v in results.items()}, "ratios": ratios}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

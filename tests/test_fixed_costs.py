@@ -1,0 +1,182 @@
+"""Where a fit's fixed cost goes (FitStats.phases, EpochStats.phases, the tasks' startup), and
+the cut that lets RDD and DataFrame (Arrow) tasks share one Python worker daemon."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from sparkdl_train import SparkModel
+from sparkdl_train.driver.phases import TASK_STARTUP, Phases, task_startup
+from sparkdl_train.driver.python_workers import SQL_SETTING, VARIABLE, share_python_workers, sql_environment
+
+
+def test_phases_add_up_repeated_phases():
+    p = Phases()
+    with p("a"):
+        time.sleep(0.01)
+    with p("a"):
+        time.sleep(0.01)
+    p.add("b", 0.5)
+    assert p.seconds["a"] >= 0.02 and p.seconds["b"] == 0.5
+    with pytest.raises(ValueError), p("c"):
+        raise ValueError
+    assert "c" in p.seconds  # a failed phase still counts its time
+
+
+def test_task_startup_is_the_slowest_task_per_cost():
+    parts = {0: {"startup": {"rebuild": 0.5, "first_step": 0.1, "model_cached": False}},
+             1: {"startup": {"rebuild": 0.2, "first_step": 0.9, "first_pull": 0.01}},
+             2: {}}
+    assert task_startup(parts) == {"rebuild": 0.5, "first_step": 0.9, "first_pull": 0.01}
+    assert set(task_startup(parts)) <= set(TASK_STARTUP)
+
+
+class _FakeConf:
+    def __init__(self, conf):
+        self.conf = conf
+
+    def getAll(self):
+        return list(self.conf.items())
+
+
+class _FakeContext:
+    def __init__(self, conf):
+        self.environment = {"PYTHONHASHSEED": "0"}
+        self._conf = _FakeConf(conf)
+
+    def getConf(self):
+        return self._conf
+
+
+def test_rdd_tasks_get_the_environment_sql_tasks_get():
+    assert sql_environment({}) == {VARIABLE: "1"}  # Spark's default: simplified tracebacks on
+    assert sql_environment({SQL_SETTING: "false"}) == {}
+    sc = _FakeContext({})
+    assert share_python_workers(sc) and sc.environment == {"PYTHONHASHSEED": "0", VARIABLE: "1"}
+    assert not share_python_workers(sc)  # idempotent
+    off = _FakeContext({SQL_SETTING: "false"})
+    assert not share_python_workers(off) and VARIABLE not in off.environment
+
+
+def test_a_fit_reports_its_fixed_costs_and_can_share_one_daemon_between_rdd_and_arrow_tasks(spark, sc):
+    import keras
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 8)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("float32")
+    import pandas as pd
+
+    df = spark.createDataFrame(pd.DataFrame({"x": list(x), "y": y})).repartition(2)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+    key = "spark.sparkdl_train.worker.shareDaemon"
+    sc._conf.set(key, "true")  # what --conf would set; off by default
+    try:
+        sm = SparkModel(model, num_workers=2)
+        t0 = time.perf_counter()
+        sm.fit(df, epochs=2, batch_size=64, verbose=0, feature_cols="x", label_col="y", validation_data=df)
+        wall = time.perf_counter() - t0
+        rdd_daemons = set(sc.parallelize(range(2), 2).map(lambda _: os.getppid()).collect())
+        assert sc.environment.get(VARIABLE) == "1"
+    finally:
+        sc._conf._jconf.remove(key)
+        sc.environment.pop(VARIABLE, None)  # the rest of the session keeps Spark's two daemons
+
+    costs = sm.stats.fixed_costs()
+    assert {"payload", "adapter", "preflight", "plan", "sample_check", "start", "stop"} <= set(costs["driver"])
+    assert {"broadcast", "job", "merge", "validation", "callbacks"} <= set(costs["first_epoch"])
+    assert {"tf_import", "rebuild", "state", "first_batch", "first_step"} <= set(costs["tasks"])
+    assert all(v >= 0 for part in costs.values() for v in part.values()), costs
+    spent = sum(costs["driver"].values()) + sum(sum(e.phases.values()) for e in sm.stats.epochs)
+    assert spent <= wall + 0.01, (spent, wall)  # phases do not overlap
+    assert sm.stats.epochs[0].phases["job"] <= sm.stats.epochs[0].seconds
+    d = sm.stats.as_dict()
+    assert d["phases"] == sm.stats.phases and d["epochs"][1]["task_startup"] == sm.stats.epochs[1].task_startup
+    # a worker that trained in epoch 1 has the model rebuilt and its step traced when epoch 2 comes
+    first = {p["pid"] for p in sm.stats.epochs[0].partitions.values()}
+    assert all(p["startup"]["model_cached"] for p in sm.stats.epochs[1].partitions.values() if p["pid"] in first)
+
+    # the DataFrame's (Arrow) training tasks and RDD tasks forked from the same daemon
+    arrow_daemons = {p["daemon_pid"] for e in sm.stats.epochs for p in e.partitions.values()}
+    assert arrow_daemons == rdd_daemons and os.getpid() not in arrow_daemons, (arrow_daemons, rdd_daemons)
+
+
+def test_narrow_and_wide_dataframe_stages_merge_to_the_same_metrics(spark):
+    """Up to DRIVER_MERGE_PARTITIONS partitions the partials go to the driver through the JVM;
+    wider stages merge with treeReduce. Both give the metrics of the whole data."""
+    import keras
+    import pandas as pd
+
+    from sparkdl_train.data.adapters import DRIVER_MERGE_PARTITIONS
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(600, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("float32")
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile("sgd", "binary_crossentropy", metrics=["accuracy"])
+    expected = model.evaluate(x, y, batch_size=600, verbose=0, return_dict=True)
+    df = spark.createDataFrame(pd.DataFrame({"x": list(x), "y": y}))
+    sm = SparkModel(model)
+    for n in (2, DRIVER_MERGE_PARTITIONS + 4):
+        got = sm.evaluate(df.repartition(n), batch_size=64, feature_cols="x", label_col="y", return_dict=True)
+        assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5), (n, got, expected)
+        assert got["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-7), (n, got, expected)
+
+
+def test_the_preflight_runs_in_the_python_workers_the_data_will_use(spark, sc):
+    """Without shareDaemon, Spark keeps DataFrame (Arrow) and RDD tasks' Python workers in separate
+    pools, each importing TensorFlow once: a DataFrame fit's check runs as a DataFrame stage, so the
+    import it pays is the one its training reuses; started in the background, shared, not repeated."""
+    import keras
+    import pandas as pd
+
+    from sparkdl_train import warm_up
+    from sparkdl_train.driver import preflight
+    from sparkdl_train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="kind is one of dataframe, rdd"):
+        warm_up(spark, kind="table")
+    assert VARIABLE not in sc.environment  # sharing is off in this session
+    preflight.forget(sc)
+    check = warm_up(spark)
+    again = warm_up(spark)  # while it runs: the same check; after: its cached result
+    arrow = check.result()
+    assert again.result() is arrow and all(r["modules"]["sparkdl_train"]["version"] == "0.1.0" for r in arrow)
+    rdd = warm_up(spark, kind="rdd").result()
+    arrow_daemons, rdd_daemons = {r["ppid"] for r in arrow}, {r["ppid"] for r in rdd}
+    assert arrow_daemons.isdisjoint(rdd_daemons), (arrow_daemons, rdd_daemons)
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(400, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("float32")
+    df = spark.createDataFrame(pd.DataFrame({"x": list(x), "y": y})).repartition(2)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile("sgd", "binary_crossentropy")
+    sm = SparkModel(model, num_workers=2)
+    sm.fit(df, epochs=1, batch_size=64, verbose=0, feature_cols="x", label_col="y")
+    trained = {p["daemon_pid"] for p in sm.stats.epochs[0].partitions.values()}
+    assert trained <= arrow_daemons, (trained, arrow_daemons)
+    assert sm.stats.environment is arrow  # the fit took the warm-up's check, it did not run another
+
+
+def test_a_failing_preparation_beside_a_failing_preflight_raises_the_preflight_error():
+    from sparkdl_train.driver.preflight import PendingCheck
+    from sparkdl_train.driver.spark_model import _preflight_first
+    from sparkdl_train.errors import ConfigError
+
+    def broken():
+        raise ConfigError("executor 3 cannot import sparkdl_train")
+
+    failed = PendingCheck(broken, 5.0)
+    failed._thread.start()
+    with pytest.raises(ConfigError, match="executor 3") as info, _preflight_first(failed):
+        raise RuntimeError("the sample job's Python worker crashed")
+    assert isinstance(info.value.__context__, RuntimeError)
+    fine = PendingCheck.finished([{"pid": 1}])
+    with pytest.raises(RuntimeError, match="crashed"), _preflight_first(fine):
+        raise RuntimeError("the sample job's Python worker crashed")
+    assert fine.result() == [{"pid": 1}]
