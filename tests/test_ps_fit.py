@@ -41,6 +41,10 @@ def test_every_mode_and_frequency_within_three_points(sc, digits, reference_accu
     # every push carries a full float32 delta and gets the weights back
     assert server["bytes_in"] >= server["updates"] * n_params * 4
     assert server["bytes_out"] >= server["updates"] * n_params * 4
+    # each task splits its pushes' time: its own work (delta, applying the pull) and the round trip
+    for part in (p for e in sm.stats.epochs for p in e.partitions.values()):
+        assert part["pushes"] in pushes and 0 < part["push_sync_seconds"] < part["seconds"], part
+        assert 0 < part["push_round_trip_seconds"] < part["seconds"], part
     if mode == "synchronous":
         assert server["rounds"] == EPOCHS * max(pushes) and server["mean_staleness"] == 0
         assert server["delta_scale"] == 1.0

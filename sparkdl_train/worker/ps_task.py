@@ -68,12 +68,18 @@ class PSTrainTask:
             sync.receive(fresh, wanted)
             run.startup["first_pull"] = time.perf_counter() - t0  # connect, handshake, first weights
             mark = {"version": version, "steps": 0, "samples": 0, "pushes": 0}
+            spent = {"sync": 0.0, "round_trip": 0.0}  # this worker's share of a push, and the server's
 
             def push(steps: int, samples: int) -> None:
+                t0 = time.perf_counter()
                 delta = sync.delta(ps.scale)
                 wanted = want()
+                t1 = time.perf_counter()
                 version, fresh = client.push(delta, mark["version"], samples - mark["samples"], wanted)
+                t2 = time.perf_counter()
                 sync.receive(fresh, wanted)
+                spent["sync"] += (t1 - t0) + (time.perf_counter() - t2)
+                spent["round_trip"] += t2 - t1
                 mark.update(version=version, steps=steps, samples=samples, pushes=mark["pushes"] + 1)
 
             def on_batch(steps: int, samples: int) -> None:
@@ -87,7 +93,8 @@ class PSTrainTask:
             client.done()
             run.finish(steps, samples)
             info = run.info(samples, steps, pushes=mark["pushes"], bytes_sent=client.bytes_sent,
-                            bytes_received=client.bytes_received)
+                            bytes_received=client.bytes_received, push_sync_seconds=round(spent["sync"], 4),
+                            push_round_trip_seconds=round(spent["round_trip"], 4))
         if samples == 0:
             return Partial(partitions={partition: info})
         optimizer_state = [np.asarray(v.numpy()) for v in model.optimizer.variables]

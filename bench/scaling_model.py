@@ -1,0 +1,288 @@
+"""A calibrated scaling model: samples/s and scaling efficiency of each engine for N workers.
+
+Pure arithmetic (no Spark, no TensorFlow, no sparkdl_train): ``bench/scaling.py`` measures the
+constants on this machine, this module projects them to N = 1 ... 256 workers on a described
+network. Everything is per worker unless said otherwise; times in seconds, sizes in bytes.
+
+The engines and what each pays per unit of work (k = steps between pushes):
+
+* ``averaging`` (synchronous model averaging, one Spark stage per epoch): the epoch's compute,
+  the slowest of N workers (stragglers), plus the stage: launch, the state broadcast, the merge
+  of N partials on the driver.
+* ``ps`` synchronous: every k steps all N workers push and wait for the round; the driver's
+  server handles the N requests one after another (lock and interpreter), and every byte crosses
+  the driver's NIC, so a round costs ``k·c·straggler + N·s + N·bytes/B_driver``.
+* ``ps`` asynchronous / hogwild: each worker cycles ``k·c`` of compute plus its own round trip;
+  the server and the driver's NIC are queues shared by all N (M/D/1 waiting time); throughput
+  is capped by the server's capacity (1/s requests per second for the locked part; hogwild
+  applies deltas without the lock, so only the per-request interpreter work is serial).
+* ``allreduce``: per step ``c·straggler + 2(N-1)/N·G/B + 2(N-1)·(latency + per-hop cost) +
+  per-call cost``: the ring bound of Patarasuk and Yuan, plus the latency and software terms
+  that dominate at large N; G is the gradient bytes (halved for fp16).
+
+Efficiency is ``samples/s(N) / (N · batch / c)``: the fraction of N independent single-worker
+steps the engine delivers (weak scaling: each worker keeps its batch size).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+GBPS = 1e9 / 8  # bytes per second in one Gb/s
+
+
+@dataclass(frozen=True)
+class Network:
+    """Every host's NIC (full duplex) and one-way latency; the driver's NIC may differ."""
+
+    nic_gbps: float
+    latency_s: float = 50e-6
+    driver_nic_gbps: float | None = None
+
+    @property
+    def bandwidth(self) -> float:
+        return self.nic_gbps * GBPS
+
+    @property
+    def driver_bandwidth(self) -> float:
+        return (self.driver_nic_gbps or self.nic_gbps) * GBPS
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model and its data, as one worker sees them."""
+
+    name: str
+    compute_s: float  # seconds per training step of one worker (forward, backward, apply)
+    batch: int
+    dense_bytes: float  # fp32 bytes of the variables that are not embedding tables
+    table_bytes: float = 0.0  # fp32 bytes of the embedding tables
+    rows_per_batch: float = 0.0  # distinct table rows one batch touches
+    row_bytes: float = 0.0  # bytes of one table row
+    table_rows: float = 0.0  # rows of all tables together
+    steps_per_epoch: int = 1000  # per worker (weak scaling: fixed per worker)
+    step_cv: float = 0.05  # coefficient of variation of a step's time (stragglers)
+    push_fixed_s: float = 0.0  # the worker's own work per push (delta, applying the pulled weights)
+    push_byte_s: float = 0.0  # ... and per byte it sends and receives
+
+    @property
+    def model_bytes(self) -> float:
+        return self.dense_bytes + self.table_bytes
+
+    def touched_bytes(self, steps: int) -> float:
+        """Table bytes that ``steps`` batches touch (rows drawn with repetition: 1 - e^{-x})."""
+        if self.table_rows <= 0:
+            return self.table_bytes
+        draws = self.rows_per_batch * steps
+        rows = self.table_rows * (1.0 - math.exp(-draws / self.table_rows))
+        return min(self.table_bytes, rows * self.row_bytes)
+
+
+@dataclass(frozen=True)
+class Server:
+    """The driver-hosted parameter server, as measured with many light clients."""
+
+    request_s: float  # serial cost of one request: interpreter, framing, bookkeeping
+    serial_bytes_per_s: float  # bytes per second of the work done under the lock (apply, copy)
+    driver_cores: int = 8  # cores the lock-free (hogwild) applies can spread over
+    row_s: float = 0.0  # per table row in a request (ids checked, rows added and gathered)
+
+
+@dataclass(frozen=True)
+class Ring:
+    call_s: float  # per allreduce call: Python, flattening, framing
+    hop_s: float  # per ring hop beyond the network latency
+
+
+@dataclass(frozen=True)
+class SparkCosts:
+    stage_s: float  # launching one stage and collecting its results (fixed)
+    task_s: float  # the driver's serial work per task (scheduling, serializing it, its result)
+    rendezvous_s: float = 0.0  # what a barrier stage and its allGather add to a stage
+    merge_bytes_per_s: float = 1e9  # the driver adding partials (numpy)
+    python_task_s: float = 0.0  # a Python task's own start and end on its executor (in parallel: once per stage)
+
+
+@dataclass(frozen=True)
+class Engine:
+    kind: str  # "averaging", "ps" or "allreduce"
+    mode: str = "synchronous"  # ps: "synchronous", "asynchronous", "hogwild"
+    every: int | None = 1  # ps: steps between pushes; None: once per epoch
+    sparse: bool = True  # ps: tables pushed and pulled as touched rows
+    precision: int = 4  # allreduce: bytes per gradient value (4: fp32, 2: fp16)
+
+    @property
+    def label(self) -> str:
+        if self.kind == "averaging":
+            return "averaging/epoch"
+        if self.kind == "allreduce":
+            return f"allreduce fp{self.precision * 8}"
+        every = "epoch" if self.every is None else "batch" if self.every == 1 else str(self.every)
+        return f"{self.mode} PS/{every}{'' if self.sparse else ' dense'}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    workers: int
+    samples_per_s: float
+    efficiency: float
+    bottleneck: str
+    parts: dict = field(default_factory=dict)  # seconds per unit of work, by cause
+
+
+def straggler(n: int, cv: float) -> float:
+    """Expected slowest of n step times over their mean (normal approximation, sqrt(2 ln n));
+    ``cv`` is the spread of what the n workers wait for each other over (a step, a round of k
+    steps: cv/sqrt(k), an epoch)."""
+    return 1.0 + cv * math.sqrt(2.0 * math.log(n)) if n > 1 else 1.0
+
+
+def ring_seconds(n: int, grad_bytes: float, net: Network, ring: Ring) -> dict[str, float]:
+    """One ring allreduce (reduce-scatter + allgather) of ``grad_bytes`` among n ranks."""
+    if n == 1:
+        return {"software": ring.call_s}
+    return {
+        "bandwidth": 2.0 * (n - 1) / n * grad_bytes / net.bandwidth,
+        "latency": 2.0 * (n - 1) * (net.latency_s + ring.hop_s),
+        "software": ring.call_s,
+    }
+
+
+def broadcast_seconds(n: int, nbytes: float, net: Network) -> float:
+    """Spark's torrent broadcast: pieces spread from the driver and then between executors,
+    about log2(N+1) waves of the whole state."""
+    return nbytes / net.driver_bandwidth * math.ceil(math.log2(n + 1))
+
+
+def merge_seconds(n: int, nbytes: float, net: Network, spark: SparkCosts) -> float:
+    """N partials to the driver (up to 16 partitions: collected; wider: a two-level tree)."""
+    arriving = n if n <= 16 else math.ceil(math.sqrt(n))
+    transfer = arriving * nbytes / net.driver_bandwidth + (0.0 if n <= 16 else nbytes / net.bandwidth)
+    return transfer + n * nbytes / spark.merge_bytes_per_s
+
+
+def _stage(n: int, w: Workload, net: Network, spark: SparkCosts) -> float:
+    return spark.stage_s + spark.python_task_s + spark.task_s * n + broadcast_seconds(n, w.model_bytes, net)
+
+
+def _mdl_wait(rho: float, service: float) -> float:
+    """M/D/1 mean wait in queue; infinite at or beyond saturation."""
+    return math.inf if rho >= 1.0 else rho * service / (2.0 * (1.0 - rho))
+
+
+def predict(engine: Engine, w: Workload, n: int, net: Network, server: Server, ring: Ring,
+            spark: SparkCosts) -> Prediction:
+    ideal = n * w.batch / w.compute_s
+    slow = straggler(n, w.step_cv)
+    if engine.kind == "averaging":
+        steps = w.steps_per_epoch
+        # the epoch is a sum of steps: its spread is the step's over sqrt(steps)
+        slow = straggler(n, w.step_cv / math.sqrt(steps))
+        parts = {"compute": steps * w.compute_s, "stragglers": steps * w.compute_s * (slow - 1.0),
+                 "spark": _stage(n, w, net, spark), "merge": merge_seconds(n, w.model_bytes, net, spark)}
+        rate = n * steps * w.batch / sum(parts.values())
+        return _done(n, rate, ideal, parts)
+    if engine.kind == "allreduce":
+        grad = w.model_bytes * engine.precision / 4.0
+        step = {"compute": w.compute_s, "stragglers": w.compute_s * (slow - 1.0), **ring_seconds(n, grad, net, ring)}
+        rendezvous = spark.rendezvous_s if n > 1 else 0.0  # one allGather through the barrier coordinator
+        per_epoch = _stage(n, w, net, spark) + rendezvous
+        step["spark"] = per_epoch / w.steps_per_epoch
+        return _done(n, n * w.batch / sum(step.values()), ideal, step)
+    if engine.kind == "ps":
+        return _ps(engine, w, n, net, server, spark, ideal, slow)
+    raise ValueError(f"unknown engine kind {engine.kind!r}")
+
+
+def _ps(engine: Engine, w: Workload, n: int, net: Network, server: Server, spark: SparkCosts,
+        ideal: float, slow: float) -> Prediction:
+    k = w.steps_per_epoch if engine.every is None else engine.every
+    table = w.touched_bytes(k) if engine.sparse else w.table_bytes
+    one_way = w.dense_bytes + table  # a push, and the pull that answers it
+    wire = 2.0 * one_way
+    rows = table / w.row_bytes if w.row_bytes else 0.0
+    applied = wire / server.serial_bytes_per_s + rows * server.row_s  # the bytes and rows of a request
+    service = server.request_s + (applied if engine.mode != "hogwild" else 0.0)  # serial, per request
+    parallel = applied if engine.mode == "hogwild" else 0.0  # hogwild applies without the lock
+    nic = wire / net.driver_bandwidth  # the driver's NIC, per request
+    epoch_share = _stage(n, w, net, spark) * k / w.steps_per_epoch
+    compute = k * w.compute_s
+    worker = w.push_fixed_s + wire * w.push_byte_s
+    if engine.mode == "synchronous":
+        slow = straggler(n, w.step_cv / math.sqrt(k))  # a round waits for the slowest k-step sum
+        parts = {"compute": compute, "stragglers": compute * (slow - 1.0), "worker_sync": worker,
+                 "server": n * service + parallel, "driver_nic": n * nic,
+                 "network": wire / net.bandwidth + 2.0 * net.latency_s, "spark": epoch_share}
+        # the NIC and the server overlap: one request is on the wire while another is applied
+        overlap = min(parts["server"], parts["driver_nic"])
+        parts["overlap"] = -overlap
+        return _done(n, n * k * w.batch / sum(parts.values()), ideal, parts)
+    # asynchronous / hogwild: a closed system of n workers around two queues (server, driver NIC)
+    base = compute + worker + service + parallel + nic + wire / net.bandwidth + 2.0 * net.latency_s + epoch_share
+    if engine.mode == "hogwild":
+        # lock-free applies spread over the driver's cores; the serial part is the request cost
+        capacity = 1.0 / max(service, nic, parallel / max(1, server.driver_cores))
+    else:
+        capacity = 1.0 / max(service, nic)  # requests per second the driver sustains
+    cycle = _closed_cycle(n, base, service, nic, capacity)
+    rate_requests = min(n / cycle, capacity)
+    parts = {"compute": compute, "worker_sync": worker, "server": service + parallel, "driver_nic": nic,
+             "network": wire / net.bandwidth + 2.0 * net.latency_s, "spark": epoch_share,
+             "queueing": max(0.0, cycle - base)}
+    limit = None
+    if parts["queueing"] > 0.1 * compute or rate_requests >= 0.9 * capacity:  # a queue at the driver decides
+        limit = "driver_nic" if nic >= service else "server"
+    return _done(n, rate_requests * k * w.batch, ideal, parts, limit)
+
+
+def _closed_cycle(n: int, base: float, service: float, nic: float, capacity: float) -> float:
+    """A worker's cycle time with n workers: base plus the queueing it meets (fixed point, by
+    bisection on the cycle; at saturation the cycle stretches to n / capacity)."""
+    floor = max(base, n / capacity)
+
+    def excess(cycle: float) -> float:
+        lam = n / cycle  # requests per second offered
+        wait = _mdl_wait(lam * service, service) + _mdl_wait(lam * nic, nic)
+        return base + wait - cycle
+
+    lo, hi = floor, floor * 2.0 + 1.0
+    if excess(lo) <= 0:
+        return lo
+    while excess(hi) > 0:
+        hi *= 2.0
+    for _ in range(80):
+        mid = (lo + hi) / 2.0
+        if excess(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _done(n: int, rate: float, ideal: float, parts: dict, bottleneck: str | None = None) -> Prediction:
+    """The largest cost beside compute names the bottleneck, once it exceeds 10% of compute."""
+    if bottleneck is None:
+        work = {k: v for k, v in parts.items() if k not in ("compute", "overlap", "queueing") and v > 0}
+        top = max(work, key=work.get) if work else None
+        bottleneck = top if top is not None and work[top] > 0.1 * parts.get("compute", 0.0) else "compute"
+    return Prediction(n, rate, rate / ideal, bottleneck, parts)
+
+
+def sweep(engines: list[Engine], w: Workload, net: Network, server: Server, ring: Ring, spark: SparkCosts,
+          workers: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)) -> dict[str, list[Prediction]]:
+    return {e.label: [predict(e, w, n, net, server, ring, spark) for n in workers] for e in engines}
+
+
+def with_network(net: Network, gbps: float) -> Network:
+    return replace(net, nic_gbps=gbps, driver_nic_gbps=None)
+
+
+ENGINES = [
+    Engine("averaging"),
+    Engine("ps", "synchronous", 1), Engine("ps", "synchronous", 4), Engine("ps", "synchronous", None),
+    Engine("ps", "asynchronous", 1), Engine("ps", "asynchronous", 4), Engine("ps", "asynchronous", None),
+    Engine("ps", "asynchronous", 4, sparse=False),
+    Engine("ps", "hogwild", 1), Engine("ps", "hogwild", 4),
+    Engine("allreduce", precision=4), Engine("allreduce", precision=2),
+]

@@ -1,0 +1,93 @@
+"""The scaling model of bench/scaling_model.py (pure arithmetic, no Spark): its limits and the
+ring, queueing and straggler terms it is built from."""
+
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+
+import scaling_model as sm  # noqa: E402
+
+NET = sm.Network(nic_gbps=25, latency_s=50e-6)
+FREE_SPARK = sm.SparkCosts(stage_s=0.0, task_s=0.0, merge_bytes_per_s=math.inf)
+SERVER = sm.Server(request_s=200e-6, serial_bytes_per_s=2e9, driver_cores=8)
+RING = sm.Ring(call_s=1e-3, hop_s=100e-6)
+DENSE = sm.Workload("dense 25M", compute_s=0.25, batch=64, dense_bytes=100e6, steps_per_epoch=500, step_cv=0.0)
+CTR = sm.Workload("ctr", compute_s=0.02, batch=512, dense_bytes=2e6, table_bytes=400e6, rows_per_batch=8000,
+                  row_bytes=64, table_rows=400e6 / 64, steps_per_epoch=2000, step_cv=0.0)
+
+
+def test_one_worker_with_free_communication_is_perfectly_efficient():
+    free_ring = sm.Ring(call_s=0.0, hop_s=0.0)
+    for engine in (sm.Engine("averaging"), sm.Engine("allreduce")):
+        p = sm.predict(engine, DENSE, 1, sm.Network(nic_gbps=1e9), SERVER, free_ring,
+                       sm.SparkCosts(0.0, 0.0, merge_bytes_per_s=math.inf))
+        assert p.efficiency == pytest.approx(1.0, rel=1e-6), (engine.label, p)
+
+
+def test_the_ring_moves_2_n_minus_1_over_n_of_the_gradient_and_fp16_halves_it():
+    for n in (2, 8, 256):
+        t = sm.ring_seconds(n, 100e6, NET, RING)
+        assert t["bandwidth"] == pytest.approx(2 * (n - 1) / n * 100e6 / NET.bandwidth)
+        assert t["latency"] == pytest.approx(2 * (n - 1) * (50e-6 + 100e-6))
+    fp32 = sm.predict(sm.Engine("allreduce", precision=4), DENSE, 64, NET, SERVER, RING, FREE_SPARK)
+    fp16 = sm.predict(sm.Engine("allreduce", precision=2), DENSE, 64, NET, SERVER, RING, FREE_SPARK)
+    assert fp16.parts["bandwidth"] == pytest.approx(fp32.parts["bandwidth"] / 2)
+    assert fp16.efficiency > fp32.efficiency
+
+
+def test_a_synchronous_server_on_the_driver_is_bound_by_its_nic_or_its_serial_work():
+    engine = sm.Engine("ps", "synchronous", 1, sparse=False)
+    effs = [sm.predict(engine, DENSE, n, NET, SERVER, RING, FREE_SPARK) for n in (1, 2, 4, 8, 16, 64)]
+    assert all(a.efficiency > b.efficiency for a, b in zip(effs, effs[1:]))  # falls with every doubling
+    # 25 Gb/s carries 3.1 GB/s, more than the server's 2 GB/s of serial work: the server decides
+    assert effs[-1].bottleneck == "server" and effs[-1].efficiency < 0.05
+    slow_nic = sm.predict(engine, DENSE, 64, sm.with_network(NET, 10), SERVER, RING, FREE_SPARK)
+    assert slow_nic.bottleneck == "driver_nic" and slow_nic.efficiency < effs[-1].efficiency
+
+
+def test_an_asynchronous_server_saturates_at_its_capacity():
+    engine = sm.Engine("ps", "asynchronous", 1, sparse=True)
+    big = sm.predict(engine, CTR, 256, NET, SERVER, RING, FREE_SPARK)
+    wire = 2 * (CTR.dense_bytes + CTR.touched_bytes(1))
+    service = SERVER.request_s + wire / SERVER.serial_bytes_per_s
+    capacity = 1 / max(service, wire / NET.driver_bandwidth)
+    assert big.samples_per_s == pytest.approx(capacity * CTR.batch, rel=0.02)  # the ceiling, not beyond
+    assert big.bottleneck in ("server", "driver_nic")
+    small = sm.predict(engine, CTR, 2, NET, SERVER, RING, FREE_SPARK)
+    assert small.efficiency > big.efficiency and small.bottleneck in ("compute", "server", "network")
+
+
+def test_hogwild_spreads_applies_over_the_driver_cores_and_pushing_less_often_helps():
+    async1 = sm.predict(sm.Engine("ps", "asynchronous", 1), CTR, 64, NET, SERVER, RING, FREE_SPARK)
+    hog1 = sm.predict(sm.Engine("ps", "hogwild", 1), CTR, 64, NET, SERVER, RING, FREE_SPARK)
+    async4 = sm.predict(sm.Engine("ps", "asynchronous", 4), CTR, 64, NET, SERVER, RING, FREE_SPARK)
+    assert hog1.samples_per_s >= async1.samples_per_s
+    assert async4.samples_per_s > async1.samples_per_s
+
+
+def test_sparse_pushes_move_the_touched_rows_not_the_tables():
+    assert CTR.touched_bytes(1) == pytest.approx(8000 * 64, rel=0.01)  # few repeats in one batch
+    assert CTR.touched_bytes(10**9) == pytest.approx(CTR.table_bytes)  # an epoch touches everything
+    sparse = sm.predict(sm.Engine("ps", "asynchronous", 4), CTR, 16, NET, SERVER, RING, FREE_SPARK)
+    dense = sm.predict(sm.Engine("ps", "asynchronous", 4, sparse=False), CTR, 16, NET, SERVER, RING, FREE_SPARK)
+    assert sparse.samples_per_s > 10 * dense.samples_per_s
+
+
+def test_stragglers_grow_with_the_log_of_the_worker_count():
+    assert sm.straggler(1, 0.1) == 1.0
+    assert sm.straggler(256, 0.1) == pytest.approx(1 + 0.1 * math.sqrt(2 * math.log(256)))
+    noisy = sm.Workload(**{**DENSE.__dict__, "step_cv": 0.1})
+    quiet = sm.predict(sm.Engine("averaging"), DENSE, 64, NET, SERVER, RING, FREE_SPARK)
+    loud = sm.predict(sm.Engine("averaging"), noisy, 64, NET, SERVER, RING, FREE_SPARK)
+    assert loud.efficiency < quiet.efficiency
+
+
+def test_a_sweep_labels_every_engine_and_covers_1_to_256_workers():
+    out = sm.sweep(sm.ENGINES, CTR, NET, SERVER, RING, FREE_SPARK)
+    assert len(out) == len(sm.ENGINES) and all([p.workers for p in ps] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+                                                 for ps in out.values())
+    assert all(0 < p.efficiency <= 1.0 + 1e-9 for ps in out.values() for p in ps)
