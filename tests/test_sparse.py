@@ -205,6 +205,47 @@ def test_table_sync_pushes_touched_rows_and_takes_wanted_rows():
     assert sync.delta(1.0)[t.index].ids.tolist() == []  # nothing touched since
 
 
+def _sync_rounds(compiled: bool):
+    """Five push/receive rounds of a table sync; ``compiled`` False forces the eager path."""
+    keras.utils.set_random_seed(3)
+    m = _two_input_model()
+    (t,) = find_tables(m)
+    sync = TableSync(m, [t])
+    if not compiled:
+        sync._io = None
+    assert (sync._io is not None) == compiled
+    rng = np.random.default_rng(0)
+    server = [np.asarray(w.numpy()) for w in m.weights]
+    sync.receive(server, None)
+    deltas = []
+    for step in range(5):
+        x = {"ids": rng.integers(0, t.rows, (4, 3)).astype(np.int32), "num": rng.random((4, 2), np.float32)}
+        batch = (x, rng.integers(0, 2, 4).astype(np.float32), None)
+        for b in sync.track([batch]):
+            m.train_on_batch(*b[:2])
+        deltas.append(sync.delta(0.5))
+        want = sync.want([batch]) if step != 3 else {t.index: np.zeros(0, np.int32)}  # step 3: no rows
+        sync.receive([a + 0.1 if i != t.index else a[want[i]] + 0.2 for i, a in enumerate(server)], want)
+    return deltas, [np.asarray(w.numpy()) for w in m.weights]
+
+
+def test_the_compiled_push_path_moves_exactly_what_the_eager_one_does():
+    """A push reads every dense weight and the touched rows, a reply assigns them, in one compiled
+    call each (one op dispatch per variable cost a worker about 5 ms per push): same deltas, same
+    weights as assigning variable by variable."""
+    fast, fast_weights = _sync_rounds(compiled=True)
+    slow, slow_weights = _sync_rounds(compiled=False)
+    for a, b in zip(fast, slow):
+        for x, y in zip(a, b):
+            if isinstance(x, SparseRows):
+                assert x.ids.tolist() == y.ids.tolist()
+                np.testing.assert_allclose(x.rows, y.rows, rtol=1e-6)
+            else:
+                np.testing.assert_allclose(x, y, rtol=1e-6)
+    for x, y in zip(fast_weights, slow_weights):
+        np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
 def test_sparse_embeddings_config_is_validated():
     from sparkdl_train import ConfigError
     from sparkdl_train.config import EngineConfig
