@@ -6,10 +6,12 @@ Measured here, in one run:
    code) in this process, and 1, 2, 4, ... client *processes* that push and pull as fast as they
    can without training (``--client``: numpy and ``sparkdl_train.ps.client`` only). Three
    request shapes: a small dense model (per-request cost), a large dense one (per-byte cost) and
-   a CTR-like push of sparse table rows plus the dense layers. The saturation throughput
-   (requests/s once more clients add nothing) gives ``Server.request_s`` and
-   ``serial_bytes_per_s``. On a 2-core machine the clients share the cores with the server, so
-   the capacity measured is a lower bound: said beside the figures.
+   a CTR-like push of sparse table rows plus the dense layers (per-row cost). The constants come
+   from the server's own CPU seconds per request (this process runs nothing but the server
+   meanwhile), not from the requests/s, because on a 2-core machine the clients take the cores
+   the server would use; every run's requests/s is then predicted from the fitted server, the
+   clients' CPU per request and the cores, and printed beside its measurement (a fourth shape,
+   ``ctr sparse/4``, is not used to fit).
 2. **Compute seconds per batch** of the flagship CTR model (DeepFM) and of a dense model of
    about 25M parameters, single process, CPU (``train_on_batch`` after warm-up).
 3. **Ring software costs**: ``bench/allreduce.py``'s process ring on a 4 KB buffer with 2 and 3
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -80,7 +83,7 @@ def client_main(cfg: dict) -> None:
     client = PSClient(cfg["host"], cfg["port"], os.environ[SECRET_ENV].encode(), worker=cfg["worker"])
     version, _ = client.pull()
     delta: list = [np.full_like(arrays[0], 1e-6)]
-    count, start = 0, time.perf_counter()
+    count, start, cpu = 0, time.perf_counter(), time.process_time()
     stop = start + cfg["seconds"]
     while time.perf_counter() < stop:
         want = None
@@ -90,15 +93,16 @@ def client_main(cfg: dict) -> None:
             want = {1: ids}
         version, _ = client.push(delta, version, 1, want)
         count += 1
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     sent, received = client.bytes_sent, client.bytes_received
     client.done()
     client.close()
-    print(json.dumps({"requests": count, "seconds": elapsed, "sent": sent, "received": received}), flush=True)
+    print(json.dumps({"requests": count, "seconds": elapsed, "cpu": cpu, "sent": sent, "received": received}), flush=True)
 
 
 def saturation(shape_name: str, clients: int, seconds: float) -> dict:
-    """Requests/s and bytes/s the server sustains with ``clients`` client processes."""
+    """Requests/s and bytes/s the server sustains with ``clients`` client processes, and the CPU
+    seconds per request of the server (this process runs nothing else meanwhile) and of a client."""
     from sparkdl_train.ps.server import ParameterServer
     from sparkdl_train.ps.state import ServerState
 
@@ -108,6 +112,7 @@ def saturation(shape_name: str, clients: int, seconds: float) -> dict:
     try:
         host, port = server.address
         env = {**os.environ, SECRET_ENV: secret}
+        cpu = time.process_time()
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--client", json.dumps(
             {"host": host, "port": port, "worker": i, "shape": shape_name, "seconds": seconds,
              "ctr": SHAPES[shape_name]})],
@@ -118,31 +123,44 @@ def saturation(shape_name: str, clients: int, seconds: float) -> dict:
             if p.returncode != 0:
                 raise SystemExit(f"client failed (exit {p.returncode})")
             out.append(json.loads(text.strip().splitlines()[-1]))
+        cpu = time.process_time() - cpu
     finally:
         server.stop()
     span = max(o["seconds"] for o in out)
     requests = sum(o["requests"] for o in out)
     wire = sum(o["sent"] + o["received"] for o in out)
     return {"clients": clients, "requests_per_s": requests / span, "bytes_per_request": wire / max(1, requests),
-            "mean_latency_s": sum(o["seconds"] for o in out) / max(1, requests)}
+            "mean_latency_s": sum(o["seconds"] for o in out) / max(1, requests),
+            "server_cpu_s": cpu / max(1, requests), "client_cpu_s": sum(o["cpu"] for o in out) / max(1, requests)}
 
 
 def fit_server(rows: dict[str, list[dict]]) -> sm.Server:
-    """Service time per request = request_s + bytes / serial_bytes_per_s, from the saturated
-    (best) throughput of the small and the large dense shapes."""
-    def best(name: str) -> dict:
-        return max(rows[name], key=lambda r: r["requests_per_s"])
+    """Service time per request = request_s + bytes / serial_bytes_per_s + rows * row_s, fitted to
+    the server's own CPU seconds per request (median over the client counts) of the small dense, the
+    large dense and the larger CTR shape; the smaller CTR shape is left to check it. All of the
+    server's CPU counts as serial (one interpreter; its numpy copies release the lock, so this is
+    pessimistic for a driver with free cores). Measuring the server's CPU rather than the clients'
+    throughput keeps the clients, which share this machine's cores, out of the constants."""
+    def cpu(name: str) -> tuple[float, float]:
+        med = sorted(rows[name], key=lambda r: r["server_cpu_s"])[len(rows[name]) // 2]
+        return med["server_cpu_s"], med["bytes_per_request"]
 
-    small, large = best("small dense"), best("large dense")
-    s_small, s_large = 1.0 / small["requests_per_s"], 1.0 / large["requests_per_s"]
-    per_byte = max(1e-15, (s_large - s_small) / (large["bytes_per_request"] - small["bytes_per_request"]))
-    request_s = max(1e-7, s_small - small["bytes_per_request"] * per_byte)
-    # the table rows' own cost, from the larger sparse shape (the smaller one checks it)
-    ctr = best("ctr sparse")
-    rest = 1.0 / ctr["requests_per_s"] - request_s - ctr["bytes_per_request"] * per_byte
-    row_s = max(0.0, rest / SHAPES["ctr sparse"][3])
+    (s_small, b_small), (s_large, b_large) = cpu("small dense"), cpu("large dense")
+    per_byte = max(1e-15, (s_large - s_small) / (b_large - b_small))
+    request_s = max(1e-7, s_small - b_small * per_byte)
+    s_ctr, b_ctr = cpu("ctr sparse")
+    row_s = max(0.0, (s_ctr - request_s - b_ctr * per_byte) / SHAPES["ctr sparse"][3])
     return sm.Server(request_s=request_s, serial_bytes_per_s=1.0 / per_byte, driver_cores=os.cpu_count() or 1,
                      row_s=row_s)
+
+
+def saturation_prediction(server: sm.Server, shape: str, row: dict, cores: int) -> float:
+    """Requests/s the fitted server predicts for one saturation run: ``clients`` closed loops of a
+    client's CPU plus the server's service, capped by the server (serial) and by this machine's
+    cores, which the clients and the server share."""
+    service = server.request_s + row["bytes_per_request"] / server.serial_bytes_per_s + SHAPES[shape][3] * server.row_s
+    demand = service + row["client_cpu_s"]
+    return min(row["clients"] / demand, 1.0 / service, cores / demand)
 
 
 def compute_seconds(kind: str, batch: int, reps: int = 20) -> tuple[float, float, float, float]:
@@ -244,28 +262,40 @@ VALIDATION_BATCH = 256
 
 
 def validation_child(cfg: dict) -> None:
-    """Fits of the CTR bench model on local[2]: per engine and worker count, the second epoch's
-    samples/s and the per-step seconds of its partitions (compute and data path)."""
+    """Fits of the CTR bench model on ``cfg["master"]`` (``local[2]`` or ``local-cluster[2,1,2048]``):
+    per engine and worker count, the second epoch's samples/s, the per-step seconds of its partitions
+    (compute and data path), and which Python worker daemons ran them (not the driver's process)."""
     import e2e_ctr
 
     from sparkdl_train import SparkModel
 
     meta = e2e_ctr.prepare(cfg["rows"], cfg["work"])
-    spark = e2e_ctr.spark_session("local[2]", 1, "sparkdl_train scaling validation",
-                                  {"spark.python.daemon.module": "sparkdl_train.worker.daemon"})
+    master = cfg["master"]
+    spark = e2e_ctr.spark_session(master, 1, "sparkdl_train scaling validation",
+                                  {"spark.python.daemon.module": "sparkdl_train.worker.daemon",
+                                   "spark.executor.memory": "1600m"})
     out = []
     try:
         train = spark.read.parquet(os.path.join(meta["path"], "train"))
         columns = {"feature_cols": {"numeric": "numeric", "categorical": "categorical"}, "label_col": "label"}
+        # warm both executors first (a fresh local-cluster's first fit pays its executors' start)
+        SparkModel(e2e_ctr.build_model(meta["vocab_size"]), num_workers=2, seed=e2e_ctr.SEED, worker_threads=1,
+                   mode="synchronous", frequency="epoch").fit(train, epochs=1, batch_size=VALIDATION_BATCH, verbose=0,
+                                                              **columns)
         for engine, settings in VALIDATED:
-            for workers in (1, 2):
+            if engine.label not in cfg.get("engines", [engine.label]):
+                continue
+            for workers in cfg.get("workers", (1, 2)):
                 model = e2e_ctr.build_model(meta["vocab_size"])
                 smodel = SparkModel(model, num_workers=workers, seed=e2e_ctr.SEED, worker_threads=1, **settings)
                 smodel.fit(train, epochs=2, batch_size=VALIDATION_BATCH, verbose=0, **columns)
                 epoch = smodel.stats.epochs[-1]
                 parts = list(epoch.partitions.values())
                 samples = sum(p["samples"] for p in parts)
-                out.append({"engine": engine.label, "workers": workers, "samples": samples,
+                daemons = sorted({p["daemon_pid"] for p in parts})
+                if os.getpid() in daemons or os.getpid() in {p["pid"] for p in parts}:
+                    raise SystemExit(f"{master}: a task ran in the driver's process")
+                out.append({"master": master, "daemons": daemons, "engine": engine.label, "workers": workers, "samples": samples,
                             "samples_per_s": samples / epoch.seconds,
                             "step_s": sum(p["seconds"] for p in parts) / sum(p["batches"] for p in parts),
                             "steps": max(p["batches"] for p in parts),
@@ -283,38 +313,72 @@ def validation_child(cfg: dict) -> None:
         json.dump(out, f)
 
 
-def validate(rows: int, server: sm.Server, ring: sm.Ring, spark_costs: sm.SparkCosts, loopback_gbps: float) -> list[dict]:
-    """Measured (local[2], 1 and 2 workers) beside predicted. The model's compute per step is
-    calibrated once, from averaging with 1 worker (the fit with the least communication); every
-    other row is a prediction from the constants."""
+def validate(rows: int, server: sm.Server, ring: sm.Ring, spark_costs: sm.SparkCosts, loopback_gbps: float,
+             masters: list[str]) -> list[dict]:
+    """Measured (1 and 2 workers on each master) beside predicted. The model's compute per step is
+    calibrated once, from averaging with 1 worker on the first master (the fit with the least
+    communication), and a worker's own push cost from its asynchronous fits with 1 worker; every
+    other row, every row of the other masters included, is a prediction from the constants."""
     import tempfile
 
     work = os.path.join(tempfile.gettempdir(), "sparkdl_train_bench")
     result = os.path.join(work, "scaling_validation.json")
     os.makedirs(work, exist_ok=True)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--validation-child",
-                           json.dumps({"rows": rows, "work": work, "result": result})], env=env, timeout=3000)
-    if proc.returncode != 0:
-        raise SystemExit(f"validation fits failed (exit {proc.returncode})")
-    with open(result) as f:
-        measured = json.load(f)
-    calib = next(m for m in measured if m["engine"] == "averaging/epoch" and m["workers"] == 1)
-    push_fixed, push_byte, push_calib = worker_push_constants(measured)
+    measured = []
+    for master in masters:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--validation-child",
+                               json.dumps({"rows": rows, "work": work, "result": result, "master": master})],
+                              env=env, timeout=3000)
+        if proc.returncode != 0:
+            raise SystemExit(f"validation fits on {master} failed (exit {proc.returncode})")
+        with open(result) as f:
+            measured += json.load(f)
+    return compare(measured, server, ring, spark_costs, loopback_gbps)
+
+
+MEASURED_KEYS = ("master", "daemons", "engine", "workers", "samples", "samples_per_s", "step_s", "steps", "table_bytes",
+                 "model_bytes", "vocab", "pushes", "push_sync_s", "push_bytes")
+
+
+def compare(measured: list[dict], server: sm.Server, ring: sm.Ring, spark_costs: sm.SparkCosts,
+            loopback_gbps: float) -> list[dict]:
+    """Each measured fit beside the model's prediction (the first master's 1-worker fits calibrate)."""
+    measured = [{k: m[k] for k in MEASURED_KEYS} for m in measured]
+    first = [m for m in measured if m["master"] == measured[0]["master"]]
+    calib = next(m for m in first if m["engine"] == "averaging/epoch" and m["workers"] == 1)
+    push_fixed, push_byte, push_calib = worker_push_constants(first)
+    # a fit's epoch costs more outside its tasks than a no-op stage does (planning the DataFrame
+    # query, the Arrow stage's set-up, the state's broadcast, collecting and merging): the
+    # calibration fit's epoch time not spent in its task, in place of the no-op stage's cost
+    outside = calib["samples"] / calib["samples_per_s"] - calib["step_s"] * calib["steps"]
+    spark_costs = dataclasses.replace(spark_costs, stage_s=max(
+        spark_costs.stage_s, outside - spark_costs.python_task_s - spark_costs.task_s))
     net = sm.Network(loopback_gbps, latency_s=20e-6)
+    # the bench data's ids are skewed: the distinct rows a push carries, measured by the two
+    # calibration fits (asynchronous, 1 worker, every step and every 4 steps), as rows(k) = r1 * k^b
+    (r1, r4) = [((m["push_bytes"] / m["pushes"]) / 2.0 - (m["model_bytes"] - m["table_bytes"])) / CTR_ROW_BYTES
+                for m in push_calib]
+    exponent = math.log(max(r4, 1.0) / max(r1, 1.0)) / math.log(4.0)
     out = []
     for m in measured:
         w = sm.Workload("CTR bench", calib["step_s"], VALIDATION_BATCH, dense_bytes=m["model_bytes"] - m["table_bytes"],
                         table_bytes=m["table_bytes"], rows_per_batch=VALIDATION_BATCH * CTR_FIELDS,
                         row_bytes=CTR_ROW_BYTES, table_rows=m["vocab"], steps_per_epoch=m["steps"], step_cv=0.0,
-                        push_fixed_s=push_fixed, push_byte_s=push_byte)
+                        push_fixed_s=push_fixed, push_byte_s=push_byte,
+                        touched_rows_1=r1, touch_exponent=exponent)
         engine = next(e for e, _ in VALIDATED if e.label == m["engine"])
         p = sm.predict(engine, w, m["workers"], net, server, ring, spark_costs)
         # the model's rate counts full batches of every worker; the fit's epoch has what the data has
         predicted = p.samples_per_s
-        out.append({**m, "predicted": predicted, "ratio": predicted / m["samples_per_s"], "bottleneck": p.bottleneck,
+        extra = {}
+        if m["pushes"]:
+            k = w.steps_per_epoch if engine.every is None else engine.every
+            extra = {"push_bytes_predicted": 2.0 * (w.dense_bytes + w.touched_bytes(k)),
+                     "push_bytes_measured": m["push_bytes"] / m["pushes"], "touch_exponent": exponent}
+        out.append({**m, **extra, "predicted": predicted, "ratio": predicted / m["samples_per_s"], "bottleneck": p.bottleneck,
                     "calibration": m is calib or any(m is c for c in push_calib),
-                    "push_fixed_s": push_fixed, "push_byte_s": push_byte})
+                    "push_fixed_s": push_fixed, "push_byte_s": push_byte, "stage_s": spark_costs.stage_s})
     return out
 
 
@@ -373,6 +437,23 @@ def project(ctr: sm.Workload, dense: sm.Workload, server: sm.Server, ring: sm.Ri
     return projections
 
 
+def print_checks(checks: list[dict]) -> None:
+    print(f"\nvalidation (calibration rows, on {checks[0]['master']}: compute per step from averaging, a "
+          "worker's own push cost and the rows a push carries from asynchronous PS/batch and PS/4, all with 1 "
+          "worker):")
+    print(f"  {'master':<24}{'engine':<26}{'N':>3}{'daemons':>8}{'measured/s':>12}{'predicted/s':>13}{'ratio':>7}"
+          f"{'kB/push meas.':>15}{'pred.':>8}  bottleneck")
+    for c in checks:
+        kb = (f"{c['push_bytes_measured'] / 1e3:>15.0f}{c['push_bytes_predicted'] / 1e3:>8.0f}"
+              if "push_bytes_measured" in c else f"{'':>23}")
+        print(f"  {c['master']:<24}{c['engine']:<26}{c['workers']:>3}{len(c['daemons']):>8}{c['samples_per_s']:>12.0f}"
+              f"{c['predicted']:>13.0f}{c['ratio']:>7.2f}{kb}  {c['bottleneck']}"
+              f"{'  (calibration)' if c['calibration'] else ''}", flush=True)
+    ratios = [c["ratio"] for c in checks if not c["calibration"]]
+    inside = sum(0.8 <= r <= 1.2 for r in ratios)
+    print(f"  predictions within 20%: {inside} of {len(ratios)} (ratios {min(ratios):.2f} to {max(ratios):.2f})", flush=True)
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--client")
@@ -380,13 +461,16 @@ def main(argv: list[str]) -> None:
     p.add_argument("--validate-rows", type=int, default=0,
                    help="also fit the CTR bench model on local[2] (1 and 2 workers) with this many rows and "
                         "print each engine's measured samples/s beside the model's")
+    p.add_argument("--validate-masters", nargs="+", default=["local[2]"],
+                   help="masters to validate on; the first calibrates (e.g. local[2] local-cluster[2,1,2048])")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--ctr-vocab", type=int, default=1_000_000,
                    help="embedding rows of the projected CTR model (Criteo Kaggle with a minimum count of 10: about 1M)")
     p.add_argument("--json", help="write every measurement and projection here")
     p.add_argument("--plot", help="write the efficiency curves here (PNG, matplotlib)")
-    p.add_argument("--from-json", help="print (and plot) the projections from the constants a --json run saved")
+    p.add_argument("--from-json", help="print (and plot) the projections from the constants a --json run saved "
+                                       "(with --validate-rows: fit again and compare with those constants)")
     args = p.parse_args(argv)
     if args.client:
         return client_main(json.loads(args.client))
@@ -395,6 +479,18 @@ def main(argv: list[str]) -> None:
     if args.from_json:  # the projections again from a run's measured constants (no measuring)
         with open(args.from_json) as f:
             saved = json.load(f)
+        if args.validate_rows:  # new fits against the saved constants
+            saved["validation"] = validate(args.validate_rows, sm.Server(**saved["server"]), sm.Ring(**saved["ring"]),
+                                           sm.SparkCosts(**saved["spark"]), saved["loopback_gbps"], args.validate_masters)
+            saved["ctr"].update(push_fixed_s=saved["validation"][0]["push_fixed_s"],
+                                push_byte_s=saved["validation"][0]["push_byte_s"])
+            saved["spark"]["stage_s"] = saved["validation"][0]["stage_s"]
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(saved, f, indent=1, default=float)
+        if saved.get("validation"):  # the saved fits against the model as it is now
+            print_checks(compare(saved["validation"], sm.Server(**saved["server"]), sm.Ring(**saved["ring"]),
+                                 sm.SparkCosts(**saved["spark"]), saved["loopback_gbps"]))
         return project(sm.Workload(**saved["ctr"]), sm.Workload(**saved["dense"]), sm.Server(**saved["server"]),
                        sm.Ring(**saved["ring"]), sm.SparkCosts(**saved["spark"]), args.plot)
 
@@ -423,11 +519,14 @@ def main(argv: list[str]) -> None:
     server = fit_server(rows)
     print(f"  -> request_s {server.request_s * 1e6:.0f} us, serial {server.serial_bytes_per_s / 1e9:.2f} GB/s", flush=True)
     print(f"  -> per table row {server.row_s * 1e9:.0f} ns (from the {rows_per_push}-row shape)", flush=True)
-    best = max(rows["ctr sparse/4"], key=lambda r: r["requests_per_s"])
-    predicted = 1.0 / (server.request_s + best["bytes_per_request"] / server.serial_bytes_per_s
-                       + SHAPES["ctr sparse/4"][3] * server.row_s)
-    print(f"  check: {SHAPES['ctr sparse/4'][3]}-row pushes: measured {best['requests_per_s']:.0f} req/s, "
-          f"the fitted server predicts {predicted:.0f} ({predicted / best['requests_per_s']:.2f}x)", flush=True)
+    print("  check, every saturation run (req/s; the 'ctr sparse/4' shape was not used to fit):", flush=True)
+    for shape, runs in rows.items():
+        for r in runs:
+            r["predicted_requests_per_s"] = saturation_prediction(server, shape, r, os.cpu_count() or 1)
+            print(f"    {shape:<12} {r['clients']:>3} clients: measured {r['requests_per_s']:>7.0f}, predicted "
+                  f"{r['predicted_requests_per_s']:>7.0f} ({r['predicted_requests_per_s'] / r['requests_per_s']:.2f}x); "
+                  f"CPU per request: server {r['server_cpu_s'] * 1e3:.2f} ms, clients {r['client_cpu_s'] * 1e3:.2f} ms",
+                  flush=True)
     ring, loopback_gbps = ring_constants()
     print(f"  ring: {ring.call_s * 1e6:.0f} us per call, {ring.hop_s * 1e6:.0f} us per hop", flush=True)
     spark = spark_constants()
@@ -436,15 +535,13 @@ def main(argv: list[str]) -> None:
           f"{spark.rendezvous_s * 1e3:.0f} ms, driver merge {spark.merge_bytes_per_s / 1e9:.1f} GB/s", flush=True)
     checks = []
     if args.validate_rows:
-        checks = validate(args.validate_rows, server, ring, spark, loopback_gbps)
-        print("\nvalidation on local[2] (calibration rows: compute per step from averaging, a worker's own push cost "
-              "from asynchronous PS/batch and PS/4, all with 1 worker):")
-        print(f"  {'engine':<26}{'N':>3}{'measured/s':>12}{'predicted/s':>13}{'ratio':>7}  bottleneck")
-        for c in checks:
-            print(f"  {c['engine']:<26}{c['workers']:>3}{c['samples_per_s']:>12.0f}{c['predicted']:>13.0f}"
-                  f"{c['ratio']:>7.2f}  {c['bottleneck']}{'  (calibration)' if c['calibration'] else ''}", flush=True)
+        checks = validate(args.validate_rows, server, ring, spark, loopback_gbps, args.validate_masters)
+        print_checks(checks)
     if checks:
         ctr = dataclasses.replace(ctr, push_fixed_s=checks[0]["push_fixed_s"], push_byte_s=checks[0]["push_byte_s"])
+        spark = dataclasses.replace(spark, stage_s=checks[0]["stage_s"])
+        print(f"  a fit's stage: {spark.stage_s * 1e3:.0f} ms outside its tasks per epoch (the no-op stage's "
+              "cost replaced by the calibration fit's)", flush=True)
         print(f"  worker per push: {ctr.push_fixed_s * 1e3:.2f} ms + {ctr.push_byte_s * 1e9:.2f} ns/byte "
               "(from the 1-worker asynchronous fits)", flush=True)
     projections = project(ctr, dense, server, ring, spark, args.plot)

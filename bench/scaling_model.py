@@ -65,6 +65,10 @@ class Workload:
     step_cv: float = 0.05  # coefficient of variation of a step's time (stragglers)
     push_fixed_s: float = 0.0  # the worker's own work per push (delta, applying the pulled weights)
     push_byte_s: float = 0.0  # ... and per byte it sends and receives
+    # measured instead of uniform draws (a skewed id stream repeats ids): distinct rows one step
+    # touches, growing as steps ** touch_exponent (0: the uniform formula)
+    touched_rows_1: float = 0.0
+    touch_exponent: float = 1.0
 
     @property
     def model_bytes(self) -> float:
@@ -74,6 +78,8 @@ class Workload:
         """Table bytes that ``steps`` batches touch (rows drawn with repetition: 1 - e^{-x})."""
         if self.table_rows <= 0:
             return self.table_bytes
+        if self.touched_rows_1 > 0:
+            return min(self.table_bytes, self.touched_rows_1 * steps ** self.touch_exponent * self.row_bytes)
         draws = self.rows_per_batch * steps
         rows = self.table_rows * (1.0 - math.exp(-draws / self.table_rows))
         return min(self.table_bytes, rows * self.row_bytes)

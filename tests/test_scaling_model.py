@@ -77,6 +77,14 @@ def test_sparse_pushes_move_the_touched_rows_not_the_tables():
     assert sparse.samples_per_s > 10 * dense.samples_per_s
 
 
+def test_measured_touched_rows_replace_the_uniform_draws_and_stop_at_the_table():
+    skewed = sm.Workload(**{**vars(CTR), "touched_rows_1": 3000.0, "touch_exponent": 0.5})
+    assert skewed.touched_bytes(1) == pytest.approx(3000 * CTR.row_bytes)
+    assert skewed.touched_bytes(4) == pytest.approx(6000 * CTR.row_bytes)
+    assert skewed.touched_bytes(10**12) == CTR.table_bytes
+    assert skewed.touched_bytes(4) < CTR.touched_bytes(4)  # fewer rows than uniform draws touch
+
+
 def test_stragglers_grow_with_the_log_of_the_worker_count():
     assert sm.straggler(1, 0.1) == 1.0
     assert sm.straggler(256, 0.1) == pytest.approx(1 + 0.1 * math.sqrt(2 * math.log(256)))

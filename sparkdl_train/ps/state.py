@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import ServerStopped
 from ..merge import WeightedMean
+from . import rows as table_rows
 
 MODES = ("synchronous", "asynchronous", "hogwild")
 
@@ -174,6 +175,7 @@ class ServerState:
                 raise ValueError(f"sparse table {i} must index a floating-point array with rows")
         self.sparse = tuple(sorted(set(sparse)))
         self._tables = {i: arrays[i] for i in self.sparse}  # live, updated in place
+        self._row_views = {i: table_rows.row_view(t) for i, t in self._tables.items()}
         self._dense = [i for i in range(len(arrays)) if i not in self._tables]
         self._current = Snapshot(0, [arrays[i] for i in self._dense])
         self._free: list[list[np.ndarray]] = []
@@ -268,7 +270,7 @@ class ServerState:
             arrays[i] = w
         for i, t in self._tables.items():
             ids = None if want is None else want.get(i)
-            arrays[i] = t.copy() if ids is None else t[ids]
+            arrays[i] = t.copy() if ids is None else table_rows.gather(t, ids)
         return Reply(snap.version, arrays, snap)
 
     def check_want(self, want: dict[int, np.ndarray] | None) -> dict[int, np.ndarray] | None:
@@ -339,9 +341,8 @@ class ServerState:
         return self._push_hogwild(worker, base_version, dense, rows, samples, want)
 
     def _add_rows(self, rows: dict[int, SparseRows]) -> None:
-        for i, r in rows.items():
-            t = self._tables[i]
-            t[r.ids] += r.rows.astype(t.dtype, copy=False)  # ids are unique: no lost additions
+        for i, r in rows.items():  # ids are unique: no lost additions within one delta
+            table_rows.scatter_add(self._tables[i], self._row_views[i], r.ids, r.rows)
 
     def _count(self, worker: int, samples: int, staleness: int) -> None:
         st = self.stats
