@@ -527,6 +527,9 @@ def main(argv: list[str]) -> None:
                   f"{r['predicted_requests_per_s']:>7.0f} ({r['predicted_requests_per_s'] / r['requests_per_s']:.2f}x); "
                   f"CPU per request: server {r['server_cpu_s'] * 1e3:.2f} ms, clients {r['client_cpu_s'] * 1e3:.2f} ms",
                   flush=True)
+    print("  saturation throughput (the best run of each shape): " + "; ".join(
+        f"{shape} measured {max(r['requests_per_s'] for r in runs):.0f}, predicted "
+        f"{max(r['predicted_requests_per_s'] for r in runs):.0f} req/s" for shape, runs in rows.items()), flush=True)
     ring, loopback_gbps = ring_constants()
     print(f"  ring: {ring.call_s * 1e6:.0f} us per call, {ring.hop_s * 1e6:.0f} us per hop", flush=True)
     spark = spark_constants()

@@ -288,7 +288,8 @@ ENGINES = [
     Engine("averaging"),
     Engine("ps", "synchronous", 1), Engine("ps", "synchronous", 4), Engine("ps", "synchronous", None),
     Engine("ps", "asynchronous", 1), Engine("ps", "asynchronous", 4), Engine("ps", "asynchronous", None),
-    Engine("ps", "asynchronous", 4, sparse=False),
-    Engine("ps", "hogwild", 1), Engine("ps", "hogwild", 4),
+    Engine("ps", "synchronous", 4, sparse=False), Engine("ps", "asynchronous", 4, sparse=False),
+    Engine("ps", "hogwild", 1), Engine("ps", "hogwild", 4), Engine("ps", "hogwild", None),
+    Engine("ps", "hogwild", 4, sparse=False),
     Engine("allreduce", precision=4), Engine("allreduce", precision=2),
 ]
