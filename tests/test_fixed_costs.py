@@ -180,3 +180,49 @@ def test_a_failing_preparation_beside_a_failing_preflight_raises_the_preflight_e
     with pytest.raises(RuntimeError, match="crashed"), _preflight_first(fine):
         raise RuntimeError("the sample job's Python worker crashed")
     assert fine.result() == [{"pid": 1}]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a worker that exited but is not reaped yet is a zombie: dead for this purpose
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _still_alive_after(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_an_rdd_sample_keeps_its_python_worker_where_take_ends_it(sc):
+    """A fit's sample of an RDD (first_rows) reads its small partition to the end, so the Python
+    worker that ran it goes back to Spark's pool (with TensorFlow and any cached model) instead of
+    exiting as it does after ``take``; the rows are take's."""
+    from sparkdl_train.data.adapters import first_rows
+
+    payload = [(v, b"x" * 200) for v in range(100_000)]  # about 20 MB in: more than a task's input buffers
+
+    def tagged(n_partitions: int):
+        return sc.parallelize(payload, n_partitions).map(lambda r: (r[0], os.getpid()))
+
+    rows = first_rows(tagged(2), 5)
+    assert [r[0] for r in rows] == [r[0] for r in tagged(2).take(5)] == [0, 1, 2, 3, 4]
+    kept = first_rows(tagged(1), 3)[0][1]  # the sample task's worker
+    assert kept != os.getpid() and _still_alive_after(kept, 3.0)
+    ended = tagged(1).take(3)[0][1]
+    assert not _still_alive_after(ended, 20.0)
+    # across partitions when the first has fewer rows than asked, and an empty RDD
+    assert [v for v, _ in first_rows(sc.parallelize(range(6), 3).map(lambda v: (v, 0)), 5)] == [0, 1, 2, 3, 4]
+    assert first_rows(sc.parallelize([], 2), 5) == []
+    # a partition larger than the drain limit still gives its first rows (its worker ends, as take's)
+    assert [r[0] for r in first_rows(tagged(1), 2, drain=10)] == [0, 1]

@@ -38,6 +38,8 @@ BarrierTask = Callable[[int, Iterable[Batch], Any], Partial]
 # a DataFrame stage with at most this many partitions sends its partials to the driver to merge
 # (one state per partition held there at once); a wider one merges them with treeReduce
 DRIVER_MERGE_PARTITIONS = 16
+# a sample job reads on to the end of a partition of at most this many rows (see first_rows)
+SAMPLE_DRAIN_ROWS = 200_000
 
 
 def _merge_all(partials: Iterable[Partial]) -> Partial:
@@ -159,7 +161,7 @@ class RDDAdapter(DataAdapter):
         return self._like(a), self._like(b)
 
     def sample(self, n: int) -> Batch:
-        rows = self.rdd.take(n)
+        rows = first_rows(self.rdd, n)
         if not rows:
             raise DataError("the RDD is empty")
         try:
@@ -466,3 +468,30 @@ def is_dataframe(data: Any) -> bool:
 
 def is_rdd(data: Any) -> bool:
     return hasattr(data, "mapPartitionsWithIndex") and hasattr(data, "context")
+
+
+def first_rows(rdd: Any, n: int, drain: int = SAMPLE_DRAIN_ROWS) -> list:
+    """The first ``n`` rows of ``rdd``, like ``rdd.take(n)``, without ending a Python worker.
+
+    A Python task that stops reading its partition early (``take``) cannot hand its worker back to
+    Spark: the worker exits and the next stage forks a new one, which imports TensorFlow again
+    (seconds, with Spark's stock daemon) and has no cached model. So each sample task reads on to
+    the end of its partition when that is at most ``drain`` rows past the sample, and only a larger
+    partition ends its worker, as ``take`` would. Partitions are read one at a time until ``n`` rows
+    are found."""
+    from itertools import islice
+
+    def head(rows: Iterator) -> Iterator:
+        first = list(islice(rows, n))
+        for _ in islice(rows, drain):  # to the end of a partition this small: the worker stays
+            pass
+        yield first
+
+    out: list = []
+    for index in range(rdd.getNumPartitions()):
+        part = rdd.context.runJob(rdd, lambda rows: head(rows), [index])
+        out.extend(part[0][: n - len(out)] if part else [])
+        if len(out) >= n:
+            break
+    return out
+
