@@ -23,6 +23,7 @@ Prints one row per run and the ratios: Elephas' time over sparkdl_train's for ev
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -152,15 +153,21 @@ def run_spark(cfg: dict) -> list[dict]:
             df = spark.createDataFrame(pd.DataFrame({"features": list(x), "label": y})).repartition(2).cache()
             df.count()
 
+        ports = itertools.count()  # Elephas binds a fixed port per server: a new one per fit
+
         def fit(mode: str, epochs: int, data: str, rows: int | None = None):
             model, custom = build_model(vocab)
             m, freq = MODES[mode] if mode in MODES else (mode, "batch")
             t = time.perf_counter()
-            if lib == "elephas":
-                from elephas.spark_model import SparkModel
+            if lib == "elephas":  # SparkModel is synchronous; the other modes are AsynchronousSparkModel's
+                from elephas.spark_model import AsynchronousSparkModel, SparkModel
 
                 train = rdd if rows is None else sc.parallelize(list(zip(x[:rows], y[:rows])), 2)
-                sm = SparkModel(model, mode=m, frequency=freq, num_workers=2, custom_objects=custom)
+                if m == "synchronous":
+                    sm = SparkModel(model, num_workers=2, custom_objects=custom, batch_size=BATCH)
+                else:
+                    sm = AsynchronousSparkModel(model, num_workers=2, custom_objects=custom, batch_size=BATCH, mode=m,
+                                                frequency=freq, port=cfg["port"] + next(ports))
                 sm.fit(train, epochs=epochs, batch_size=BATCH, verbose=0, validation_split=0.0)
                 trained = sm.master_network
             else:
@@ -225,8 +232,11 @@ def prepare(rows: int, work: str) -> None:
     np.savez(path, x=flat(x), y=y, xt=flat(xt), yt=yt, vocab=meta["vocab_size"])
 
 
-def launch(python: str, cfg: dict) -> list[dict]:
+def launch(python: str, cfg: dict, reuse: bool = False) -> list[dict]:
     result = os.path.join(cfg["work"], f"ttt_{cfg['lib']}.json")
+    if reuse and os.path.exists(result):  # --rerun names the libraries to run again
+        with open(result) as f:
+            return json.load(f)
     env = {**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python, "OMP_NUM_THREADS": "2",
            "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
     env.pop("PYTHONPATH", None)
@@ -249,22 +259,28 @@ def main(argv: list[str]) -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--elephas-python", help="python of a venv with elephas==7.3 (left out: no Elephas rows)")
     p.add_argument("--work", default=os.path.join("/tmp", "sparkdl_train_bench"))
+    p.add_argument("--rerun", nargs="+", choices=["keras", "sparkdl_train", "elephas"],
+                   help="run only these again; take the others' results from --work")
     args = p.parse_args(argv)
     if args.child:
         return child(json.loads(args.child))
     os.makedirs(args.work, exist_ok=True)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors of the data preparation
     prepare(args.rows, args.work)
-    base = {"work": args.work, "epochs": args.epochs}
-    keras_rows = launch(sys.executable, {**base, "lib": "keras", "target": 0.0})
+    base = {"work": args.work, "epochs": args.epochs, "port": 4000 + os.getpid() % 20000}
+
+    def reuse(lib: str) -> bool:
+        return args.rerun is not None and lib not in args.rerun
+
+    keras_rows = launch(sys.executable, {**base, "lib": "keras", "target": 0.0}, reuse("keras"))
     target = 0.99 * max(r["auc"] for r in keras_rows)
     k = first_at(keras_rows, target)
     print(f"keras: best held-out AUC {max(r['auc'] for r in keras_rows):.4f}, target {target:.4f}, "
           f"reached after {k['epochs']} epoch(s) in {k['seconds']:.1f} s", flush=True)
     results = {"keras": keras_rows, "target": target}
-    results["sparkdl_train"] = launch(sys.executable, {**base, "lib": "sparkdl_train", "target": target})
+    results["sparkdl_train"] = launch(sys.executable, {**base, "lib": "sparkdl_train", "target": target}, reuse("sparkdl_train"))
     if args.elephas_python:
-        results["elephas"] = launch(args.elephas_python, {**base, "lib": "elephas", "target": target})
+        results["elephas"] = launch(args.elephas_python, {**base, "lib": "elephas", "target": target}, reuse("elephas"))
     with open(os.path.join(args.work, "time_to_target.json"), "w") as f:
         json.dump(results, f, indent=1)
 
