@@ -216,7 +216,9 @@ def test_cancelling_the_job_group_stops_the_fit_and_releases_its_servers(sc, big
         def on_train_batch_end(self, batch, logs=None):
             started.set()
 
-    sm = SparkModel(make_mlp(), mode="asynchronous", frequency=2, num_workers=2)
+    # a push every step: a worker pushes before it reports, so the first report (which starts
+    # the cancel) comes after an update
+    sm = SparkModel(make_mlp(), mode="asynchronous", frequency="batch", num_workers=2)
 
     def cancel():
         if started.wait(120):
