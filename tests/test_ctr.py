@@ -160,8 +160,10 @@ def test_default_job_gets_within_0_02_of_the_bayes_optimal_auc(tmp_path):
     batches, sparse embedding rows, 2 epochs)."""
     out, s = spark_submit(None, [], tmp_path)
     assert s["train_rows"] + s["test_rows"] == 1_000_000 and s["mode"] == "asynchronous" and s["frequency"] == 4
-    assert s["bayes_auc"] - s["test_auc"] <= 0.02, (s["test_auc"], s["bayes_auc"])
-    assert s["test_logloss"] - s["bayes_logloss"] <= 0.03
+    keys = ("test_auc", "bayes_auc", "test_logloss", "bayes_logloss", "workers", "epoch_samples", "history", "communication")
+    detail = {k: s[k] for k in keys}  # shown on failure: a loaded CI run once ended 0.033 above Bayes' logloss
+    assert s["bayes_auc"] - s["test_auc"] <= 0.02, detail
+    assert s["test_logloss"] - s["bayes_logloss"] <= 0.03, detail
     comm = s["communication"]
     assert comm["dense_to_actual_bytes"] > 3 and "fewer bytes" in out  # 4.6x on the reference machine
     assert s["master"] == "local[*]" and s["executor_ids"] == ["driver"]

@@ -86,7 +86,7 @@ def test_a_fit_reports_its_fixed_costs_and_can_share_one_daemon_between_rdd_and_
         sc.environment.pop(VARIABLE, None)  # the rest of the session keeps Spark's two daemons
 
     costs = sm.stats.fixed_costs()
-    assert {"payload", "adapter", "preflight", "plan", "sample_check", "start", "stop"} <= set(costs["driver"])
+    assert {"payload", "adapter", "preflight", "plan", "sample", "sample_check", "start", "stop"} <= set(costs["driver"])
     assert {"broadcast", "job", "merge", "validation", "callbacks"} <= set(costs["first_epoch"])
     assert {"tf_import", "rebuild", "state", "first_batch", "first_step"} <= set(costs["tasks"])
     assert all(v >= 0 for part in costs.values() for v in part.values()), costs
@@ -102,6 +102,29 @@ def test_a_fit_reports_its_fixed_costs_and_can_share_one_daemon_between_rdd_and_
     # the DataFrame's (Arrow) training tasks and RDD tasks forked from the same daemon
     arrow_daemons = {p["daemon_pid"] for e in sm.stats.epochs for p in e.partitions.values()}
     assert arrow_daemons == rdd_daemons and os.getpid() not in arrow_daemons, (arrow_daemons, rdd_daemons)
+
+
+def test_a_dataframe_adapter_knows_its_partitions_without_planning_the_query(spark, monkeypatch):
+    """A DataFrame's partition count costs a query plan (df.rdd); a repartitioned or split adapter
+    knows it, and the count it knows is Spark's."""
+    import keras
+    from pyspark.sql import DataFrame
+
+    from sparkdl_train.driver.inputs import make_adapter
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    df = spark.range(0, 200, 1, 3).selectExpr("array(cast(id as float), 1.0f) as x", "cast(id % 2 as float) as y")
+    a = make_adapter(df, model, labelled=True, feature_cols="x", label_col="y")
+    assert a.num_partitions() == 3
+    wider = a.with_partitions(5, shuffle=True)
+    train, val = a.random_split(0.25, seed=1)
+    narrower = a.with_partitions(2)  # coalesce: Spark decides how many groups it fills
+    assert narrower._partitions is None
+    monkeypatch.setattr(DataFrame, "rdd", property(lambda self: pytest.fail("planned the query for its partitions")))
+    assert (wider.num_partitions(), train.num_partitions(), val.num_partitions()) == (5, 3, 3)
+    monkeypatch.undo()
+    assert [b.df.rdd.getNumPartitions() for b in (wider, train, val)] == [5, 3, 3]
+    assert narrower.num_partitions() == 2
 
 
 def test_narrow_and_wide_dataframe_stages_merge_to_the_same_metrics(spark):

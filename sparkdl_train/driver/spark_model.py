@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -196,15 +197,17 @@ class SparkModel:
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         self._remember_transform(transform, data)
         model = self._model
-        with phases("payload"):
+        with phases("payload"):  # a model that cannot be shipped fails here, before any Spark job
             payload = self._payload()
         with phases("adapter"):
             train = self._adapter(data, labelled=True, what="data")
             config = self._conf(train)
         sc = _spark_context(train)
-        # the executors' check (their Python workers, TensorFlow imports) runs while the driver prepares
+        # the executors' check (their Python workers, TensorFlow imports) runs while the driver
+        # prepares, and so does the sample job, beside the driver's own query planning
         check = self._start_preflight(train, config)
-        with _preflight_first(check):
+        sample = _Ahead(train, functools.partial(train.sample, _SAMPLE_ROWS))
+        with _preflight_first(check), _cancelled_on_error(sample):
             with phases("validation_split"):
                 train, val = self._validation(train, validation_data, fit_cfg, config)
             with phases("plan"):
@@ -212,10 +215,9 @@ class SparkModel:
                 launch = engine_cls.plan(config, sc, train)  # slot checks fail here, before any job
                 launch = dataclasses.replace(launch, tls=use_tls(config, sc))
                 train = train.with_partitions(launch.workers, shuffle=launch.barrier)
-            with phases("sample_check"):
-                self._check_sample(train, "data")
-                if val is not None:
-                    self._check_sample(val, "validation_data")
+            self._check_sample(train, "data", phases, ahead=sample)
+            if val is not None:
+                self._check_sample(val, "validation_data", phases)
         with phases("preflight"):  # what is left of the check's time after the driver's preparation
             environment = check.result() if check is not None else None
         threads = self._threads(train, launch.workers, config)
@@ -474,12 +476,17 @@ class SparkModel:
             return max(1, sc.defaultParallelism // max(1, workers))
         return int(sc.getConf().get("spark.task.cpus", "1"))
 
-    def _check_sample(self, adapter: DataAdapter, what: str) -> None:
+    def _check_sample(self, adapter: DataAdapter, what: str, phases: Phases | None = None, ahead: "_Ahead | None" = None) -> None:
         """Run a few rows through the driver model: catches shape/label problems before
-        the long job, and builds the compiled metrics used to merge workers' metric state."""
-        x, y, w = adapter.sample(_SAMPLE_ROWS)
+        the long job, and builds the compiled metrics used to merge workers' metric state.
+        Timed as the phases ``sample`` (reading the rows, or what is left of the wait for
+        ``ahead``, the sample read beforehand) and ``sample_check`` (the model's test step)."""
+        phases = phases or Phases()
+        with phases("sample"):
+            x, y, w = ahead.result() if ahead is not None else adapter.sample(_SAMPLE_ROWS)
         try:
-            self._model.test_on_batch(x, y, w)
+            with phases("sample_check"):
+                self._model.test_on_batch(x, y, w)
         except Exception as exc:  # noqa: BLE001
             shapes = {
                 "x": [getattr(a, "shape", None) for a in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else [x])],
@@ -523,6 +530,63 @@ def _shipping_key(model: Any, custom_objects: dict[str, Any], safe_mode: bool) -
         )
     except Exception:  # noqa: BLE001 - a model whose config cannot be read is simply re-serialized
         return None
+
+
+class _Ahead:
+    """``fn()`` started now on a helper thread when ``adapter`` lives in Spark (Spark's
+    ``InheritableThread``: the caller's job group and properties, plus a job tag of its own), run
+    inline otherwise; :meth:`result` waits for it and raises what it raised. A caller that fails
+    first calls :meth:`cancel`, so that no job of its outlives the failure."""
+
+    def __init__(self, adapter: DataAdapter, fn: Any):
+        self._box: dict[str, Any] = {}
+        self._thread = None
+        self._sc = adapter.spark_context()
+        if self._sc is None:
+            self._run(fn)
+            return
+        import uuid
+
+        from pyspark import InheritableThread
+
+        self._tag = f"sparkdl_train-sample-{uuid.uuid4().hex[:8]}"
+        self._thread = InheritableThread(self._run, args=(fn,), name="sparkdl_train-sample", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Any) -> None:
+        if self._sc is not None:
+            self._sc.addJobTag(self._tag)
+        try:
+            self._box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - raised by result()
+            self._box["error"] = exc
+        finally:
+            if self._sc is not None:
+                self._sc.removeJobTag(self._tag)
+
+    def result(self) -> Any:
+        if self._thread is not None:
+            self._thread.join()
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["value"]
+
+    def cancel(self, wait: float = 30.0) -> None:
+        """Cancel its Spark job (if still running) and wait for the thread to end."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        self._sc.cancelJobsWithTag(self._tag)
+        self._thread.join(wait)
+
+
+@contextlib.contextmanager
+def _cancelled_on_error(ahead: _Ahead) -> Iterator[None]:
+    """A preparation that fails (a slot check, a bad validation split) leaves no job running."""
+    try:
+        yield
+    except BaseException:
+        ahead.cancel()
+        raise
 
 
 @contextlib.contextmanager
