@@ -25,10 +25,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 from typing import Any
 
 from ..errors import ConfigError
+from .background import SparkCall
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +158,11 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
         if key in _checked and not force:
             return _checked[key]
     n = max(1, int(sc.defaultParallelism))
-    tag = f"sparkdl_train-preflight-{uuid.uuid4().hex[:8]}"
     if session is None:
-        rows = _collect_with_timeout(sc, sc.parallelize(range(n), n).mapPartitionsWithIndex(_probe_function()), tag, timeout)
+        rows = _collect_with_timeout(sc, sc.parallelize(range(n), n).mapPartitionsWithIndex(_probe_function()), timeout)
     else:
         frame = session.range(0, n, 1, n).mapInArrow(_probe_function("probe_arrow"), "report string")
-        rows = [r[0] for r in _collect_with_timeout(sc, frame, tag, timeout)]
+        rows = [r[0] for r in _collect_with_timeout(sc, frame, timeout)]
     reports = [json.loads(r) for r in rows]
     found = executor_ids(sc, ((r.get("stage"), r.get("task")) for r in reports))
     for r in reports:
@@ -266,40 +265,21 @@ def start_check(sc: Any, timeout: float, session: Any = None) -> PendingCheck:
     return pending
 
 
-def _collect_with_timeout(sc: Any, rdd: Any, tag: str, timeout: float) -> list[Any]:
+def _collect_with_timeout(sc: Any, rdd: Any, timeout: float) -> list[Any]:
     """``rdd.collect()`` (an RDD's or a DataFrame's) on a helper thread, cancelled after ``timeout`` seconds (executors that never
     start, or a cluster with no free slots, must not hang the fit)."""
-    from pyspark import InheritableThread
-
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        sc.addJobTag(tag)
-        old = sc.getLocalProperty("spark.job.description")
-        sc.setLocalProperty("spark.job.description", "sparkdl_train: executor environment check")
-        try:
-            box["rows"] = rdd.collect()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["error"] = exc
-        finally:
-            sc.setLocalProperty("spark.job.description", old)
-            sc.removeJobTag(tag)
-
-    t = InheritableThread(run, name="sparkdl_train-preflight", daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        sc.cancelJobsWithTag(tag)
-        t.join(30)
+    call = SparkCall(sc, rdd.collect, "sparkdl_train-preflight", "sparkdl_train: executor environment check")
+    if not call.wait(timeout):
+        call.cancel(30)
         raise ConfigError(
             f"no executor ran sparkdl_train's environment check within {timeout:g} s: are executors starting and "
             "is there a free task slot? (spark.sparkdl_train.preflight.timeout sets this wait)\n" + FIX
         )
-    if "error" in box:
-        exc = box["error"]
+    try:
+        return call.result()
+    except BaseException as exc:  # noqa: BLE001 - reported as the environment's problem
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise ConfigError(
             f"the executors could not run sparkdl_train's environment check (their Python did not start or "
             f"crashed): {type(exc).__name__}: {first[:500]}\n{FIX}"
         ) from exc
-    return box["rows"]

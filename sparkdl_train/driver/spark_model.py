@@ -19,6 +19,7 @@ from ..model_io import ModelPayload, check_compiled, serialize_model
 from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
 from . import warm_up
+from .background import SparkCall
 from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs, use_tls
 from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
@@ -206,7 +207,7 @@ class SparkModel:
         # the executors' check (their Python workers, TensorFlow imports) runs while the driver
         # prepares, and so does the sample job, beside the driver's own query planning
         check = self._start_preflight(train, config)
-        sample = _Ahead(train, functools.partial(train.sample, _SAMPLE_ROWS))
+        sample = SparkCall(sc, functools.partial(train.sample, _SAMPLE_ROWS), "sparkdl_train-sample")
         with _preflight_first(check), _cancelled_on_error(sample):
             with phases("validation_split"):
                 train, val = self._validation(train, validation_data, fit_cfg, config)
@@ -476,7 +477,7 @@ class SparkModel:
             return max(1, sc.defaultParallelism // max(1, workers))
         return int(sc.getConf().get("spark.task.cpus", "1"))
 
-    def _check_sample(self, adapter: DataAdapter, what: str, phases: Phases | None = None, ahead: "_Ahead | None" = None) -> None:
+    def _check_sample(self, adapter: DataAdapter, what: str, phases: Phases | None = None, ahead: SparkCall | None = None) -> None:
         """Run a few rows through the driver model: catches shape/label problems before
         the long job, and builds the compiled metrics used to merge workers' metric state.
         Timed as the phases ``sample`` (reading the rows, or what is left of the wait for
@@ -532,55 +533,8 @@ def _shipping_key(model: Any, custom_objects: dict[str, Any], safe_mode: bool) -
         return None
 
 
-class _Ahead:
-    """``fn()`` started now on a helper thread when ``adapter`` lives in Spark (Spark's
-    ``InheritableThread``: the caller's job group and properties, plus a job tag of its own), run
-    inline otherwise; :meth:`result` waits for it and raises what it raised. A caller that fails
-    first calls :meth:`cancel`, so that no job of its outlives the failure."""
-
-    def __init__(self, adapter: DataAdapter, fn: Any):
-        self._box: dict[str, Any] = {}
-        self._thread = None
-        self._sc = adapter.spark_context()
-        if self._sc is None:
-            self._run(fn)
-            return
-        import uuid
-
-        from pyspark import InheritableThread
-
-        self._tag = f"sparkdl_train-sample-{uuid.uuid4().hex[:8]}"
-        self._thread = InheritableThread(self._run, args=(fn,), name="sparkdl_train-sample", daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Any) -> None:
-        if self._sc is not None:
-            self._sc.addJobTag(self._tag)
-        try:
-            self._box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - raised by result()
-            self._box["error"] = exc
-        finally:
-            if self._sc is not None:
-                self._sc.removeJobTag(self._tag)
-
-    def result(self) -> Any:
-        if self._thread is not None:
-            self._thread.join()
-        if "error" in self._box:
-            raise self._box["error"]
-        return self._box["value"]
-
-    def cancel(self, wait: float = 30.0) -> None:
-        """Cancel its Spark job (if still running) and wait for the thread to end."""
-        if self._thread is None or not self._thread.is_alive():
-            return
-        self._sc.cancelJobsWithTag(self._tag)
-        self._thread.join(wait)
-
-
 @contextlib.contextmanager
-def _cancelled_on_error(ahead: _Ahead) -> Iterator[None]:
+def _cancelled_on_error(ahead: SparkCall) -> Iterator[None]:
     """A preparation that fails (a slot check, a bad validation split) leaves no job running."""
     try:
         yield

@@ -1,0 +1,70 @@
+"""A call that runs Spark jobs on a helper thread: waited for with a timeout, cancelled by its tag.
+
+The driver starts work it needs later (the executors' environment check, a fit's sample job) and
+goes on preparing. The helper is Spark's ``InheritableThread``, so the jobs carry the caller's job
+group and tags (a fit's cancel reaches them), plus a job tag of the call's own, by which
+:meth:`SparkCall.cancel` ends them without touching anyone else's jobs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+
+
+class SparkCall:
+    """``fn()`` started now on a helper thread, its jobs tagged ``<name>-<random>`` and, with a
+    ``description``, labelled so in the Spark UI. Without a SparkContext (in-process data) it runs
+    inline. :meth:`result` waits and returns its value or raises what it raised."""
+
+    def __init__(self, sc: Any, fn: Callable[[], Any], name: str, description: str | None = None):
+        self._sc = sc
+        self._box: dict[str, Any] = {}
+        self._thread = None
+        self.tag = f"{name}-{uuid.uuid4().hex[:8]}"
+        if sc is None:
+            self._run(fn, None)
+            return
+        from pyspark import InheritableThread
+
+        self._thread = InheritableThread(self._run, args=(fn, description), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any], description: str | None) -> None:
+        sc = self._sc
+        old = None
+        if sc is not None:
+            sc.addJobTag(self.tag)
+            if description is not None:
+                old = sc.getLocalProperty("spark.job.description")
+                sc.setLocalProperty("spark.job.description", description)
+        try:
+            self._box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - raised by result()
+            self._box["error"] = exc
+        finally:
+            if sc is not None:
+                if description is not None:
+                    sc.setLocalProperty("spark.job.description", old)
+                sc.removeJobTag(self.tag)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the call has ended, after waiting up to ``timeout`` seconds (``None``: until it ends)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def result(self) -> Any:
+        """Its value, once it has ended (waits as long as it takes)."""
+        self.wait()
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["value"]
+
+    def cancel(self, wait: float = 30.0) -> None:
+        """Cancel its Spark jobs, if it still runs, and wait up to ``wait`` seconds for it to end."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        self._sc.cancelJobsWithTag(self.tag)
+        self._thread.join(wait)
