@@ -10,7 +10,10 @@ Keras no longer has, and ``tests/test_compat.py`` fails naming them when an upgr
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # (owner, attribute, what sparkdl_train uses it for)
 PRIVATE = (
@@ -26,10 +29,22 @@ PRIVATE = (
 
 
 def symbolic_build(model: Any, batch: Any) -> None:
-    """Build the model's compiled loss and metrics for ``batch`` (what ``fit`` does before its first step)."""
-    build = getattr(model, "_maybe_symbolic_build", None) or getattr(model, "_symbolic_build", None)
-    if build is not None:
-        build(data_batch=batch)
+    """Build the model's compiled loss and metrics (and optimizer) for ``batch``, symbolically.
+
+    ``fit`` does this before its first step on JAX and torch, and on TensorFlow only under a
+    distribution strategy (``_maybe_symbolic_build``); otherwise TensorFlow creates them in the
+    first trace, and a ``tf.function`` that creates variables traces twice. Building them here
+    saves that second trace (0.3-0.5 s on a worker's first step with ``metrics=["accuracy"]``).
+    A model that cannot be built symbolically is left to its first step, as ``fit`` leaves it.
+    """
+    build = getattr(model, "_symbolic_build", None)
+    if build is None:
+        return
+    try:
+        with model.distribute_strategy.scope():
+            build(data_batch=batch)
+    except Exception as exc:  # noqa: BLE001 - its first step builds it, or fails with the real error
+        log.debug("symbolic build of %s failed, left to the first step: %s", getattr(model, "name", model), exc)
 
 
 def compute_loss(model: Any) -> Any:
@@ -83,10 +98,7 @@ def missing(model: Any) -> list[str]:
     out = []
     for owner, attr, _ in PRIVATE:
         obj = owners[owner]
-        if attr == "_symbolic_build":
-            present = hasattr(obj, "_symbolic_build") or hasattr(obj, "_maybe_symbolic_build")
-        else:
-            present = hasattr(obj, attr)
+        present = hasattr(obj, attr)
         if not present:
             out.append(f"{owner}.{attr}")
     return out

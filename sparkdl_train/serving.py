@@ -78,6 +78,10 @@ class AuthServer:
         self._stopping.set()
         self.stopping()
         if self._listener is not None:
+            try:  # wakes the accept loop now (Linux); closing alone leaves it in accept() until its 0.5 s timeout
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._listener.close()
         with self._lock:
             conns = list(self._conns)

@@ -29,10 +29,12 @@ def test_every_private_attribute_is_still_there():
     assert gone == [], f"this Keras ({keras.__version__}) lacks {gone}: update sparkdl_train/_compat.py"
 
 
-def test_symbolic_build_builds_the_compiled_metrics():
+def test_symbolic_build_builds_the_compiled_metrics_before_any_step():
     model = _model()
+    model.compile(keras.optimizers.Adam(), "binary_crossentropy", metrics=["accuracy"])  # resolved from y
+    before = len(model.metrics_variables)
     _compat.symbolic_build(model, _batch())
-    assert model.metrics_variables, "compiled metrics were not built from the batch"
+    assert len(model.metrics_variables) == before + 2, "the accuracy metric was not built from the batch"
 
 
 def test_compute_loss_and_loss_tracker_match_train_step():

@@ -41,3 +41,22 @@ def test_shard_gradients_average_to_the_full_batch_gradient(digits):
     assert int(model.optimizer.iterations.numpy()) == 1
     # the loss tracker saw both shards, weighted by rows, like model.fit would
     assert float(model._loss_tracker.count.numpy()) == 48
+
+
+def test_the_fused_step_traces_once_for_full_short_and_single_row_batches(digits):
+    import keras
+
+    from sparkdl_train._compat import symbolic_build
+    from sparkdl_train.worker.fused_step import FusedStep
+
+    x, y, _, _ = digits
+    model = make_mlp()
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    symbolic_build(model, (x[:32], y[:32], None))
+    step = FusedStep(model, batch_size=32)
+    step.trace((x[:32], y[:32], None))
+    buf = np.empty(step.size, np.float32)
+    for rows in (32, 7, 1, 32):
+        assert step.gradients((x[:rows], y[:rows], None), buf) == rows
+        assert buf[-1] == np.float32(rows / 32)
+    assert step._gradients.experimental_get_tracing_count() == 1

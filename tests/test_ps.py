@@ -3,6 +3,7 @@
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -255,6 +256,15 @@ def test_stop_releases_port_and_threads():
     assert srv.threads_alive() == 0
     with pytest.raises(OSError):
         socket.create_connection(srv.address, timeout=1)
+
+
+def test_stop_wakes_the_accept_loop_instead_of_waiting_for_its_poll():
+    srv = ParameterServer(ServerState(W, "synchronous"), "127.0.0.1", b"s" * 32).start()
+    srv._listener.settimeout(None)  # from its next accept() on, only stop() can wake the accept loop
+    wait_until(lambda: srv._threads[0].is_alive(), what="the accept loop")
+    time.sleep(0.6)  # past the poll already under way, into a blocking accept()
+    srv.stop(timeout=5)
+    assert srv.threads_alive() == 0
 
 
 def _try(fn):

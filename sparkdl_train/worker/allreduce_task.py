@@ -129,6 +129,7 @@ class AllreduceTrainTask:
                 t1 = time.perf_counter()
                 if local_steps == 0:
                     _compat.symbolic_build(model, batch)
+                    step.trace(batch)
                 samples += step.gradients(batch, buf)
                 if local_steps == 0:
                     run.startup["first_step"] = time.perf_counter() - t1  # tracing the fused step, when new

@@ -76,6 +76,13 @@ class FusedStep:
         grads = [tf.cast(tf.reshape(p, s), v.dtype) for p, s, v in zip(parts, self.shapes, self.variables)]
         self.model.optimizer.apply_gradients(zip(grads, self.variables))
 
+    def trace(self, batch: tuple) -> None:
+        """Trace the gradient step for ``batch``'s signature with any number of rows, so that a
+        short batch (a partition's last) reuses the trace instead of tracing again."""
+        from .steps import open_rows_spec
+
+        self._gradients.get_concrete_function(*open_rows_spec(tuple(batch)))
+
     def gradients(self, batch: tuple, out: np.ndarray) -> int:
         """Write this rank's weighted, fused gradient into ``out``; returns the batch's rows."""
         x, y, w = batch

@@ -1,9 +1,16 @@
 """Running Keras' own compiled train/test/predict steps over a stream of batches.
 
 ``Model.train_on_batch`` resets the metrics on every call, so it cannot
-accumulate an epoch's metrics; these loops call the model's compiled
-``train_function`` / ``test_function`` directly, which leaves metric state to
-accumulate exactly as ``Model.fit`` / ``Model.evaluate`` would.
+accumulate an epoch's metrics; these loops call the model's own ``train_step`` /
+``test_step`` / ``predict_step``, which leaves metric state to accumulate exactly
+as ``Model.fit`` / ``Model.evaluate`` would.
+
+The steps are compiled by :func:`compiled_step`, not by ``make_train_function``:
+Keras traces its function for the first batch's exact shape and traces it again
+at the first batch of another size (a partition's short last batch), about as
+long as the first trace (0.6-0.9 s per worker per kind of step on a CTR model);
+``Model.fit`` avoids that by feeding a ``tf.data`` iterator whose batch
+dimension is open, which a stream of numpy batches is not.
 """
 
 from __future__ import annotations
@@ -14,7 +21,56 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .. import _compat
-from ..data.batching import Batch, num_rows
+from ..data.batching import Batch, num_rows, tree_map
+
+STEP_KINDS = ("train", "test", "predict")
+_ATTRIBUTE = "_sparkdl_train_compiled_steps"  # on the model itself: a cached model keeps its traces
+
+
+def open_rows_spec(batch: Any) -> Any:
+    """``batch``'s structure with each array replaced by a ``tf.TensorSpec`` of its dtype and
+    row shape, its first (batch) dimension left open."""
+    import tensorflow as tf
+
+    def spec(a: Any) -> Any:
+        a = np.asarray(a)
+        dtype = tf.string if a.dtype.kind in "OSU" else tf.as_dtype(a.dtype)  # str / bytes: a Keras string input
+        return tf.TensorSpec((None,) + a.shape[1:], dtype)
+
+    return tree_map(spec, batch)
+
+
+def compiled_step(model: Any, kind: str, batch: Batch) -> Callable[[Batch], Any]:
+    """The model's ``{kind}_step`` as one ``tf.function`` per model and compilation, traced for
+    ``batch``'s structure, dtypes and row shapes with any number of rows: every batch of that
+    signature, whatever its size, runs the same trace. Kept on the model, so a worker that has
+    the model cached (:mod:`.runtime`) traces nothing in later tasks. A model that runs eagerly
+    gets its plain step.
+
+    A model rebuilt by :func:`sparkdl_train.model_io.load_archive` (every worker's) has its
+    optimizer and compiled metrics built; one whose variables are created in the trace (fresh
+    ``compile`` on TensorFlow, which defers building to the first step) is traced twice, once
+    creating them, as Keras' own function is."""
+    import tensorflow as tf
+
+    if kind not in STEP_KINDS:
+        raise ValueError(f"step kind must be one of {STEP_KINDS}, got {kind!r}")
+    step = getattr(model, f"{kind}_step")
+    if model.run_eagerly:
+        return step
+    cache = model.__dict__.setdefault(_ATTRIBUTE, {})  # past Keras' attribute tracking
+    key = (kind, id(getattr(model, "optimizer", None)))  # compile() makes a new optimizer: trace anew
+    fn = cache.get(key)
+    if fn is None:
+        strategy = model.distribute_strategy
+
+        def one_step(data: Batch) -> Any:
+            return strategy.run(step, args=(data,))
+
+        fn = tf.function(one_step, reduce_retracing=True, jit_compile=bool(model.jit_compile))
+        cache[key] = fn
+    fn.get_concrete_function(open_rows_spec(batch))  # traces once per signature; a lookup after
+    return fn
 
 
 def run_steps(
@@ -37,13 +93,8 @@ def run_steps(
         if fn is None:
             first = time.perf_counter()
             _compat.symbolic_build(model, batch)
-            if training:
-                model.make_train_function()
-                fn = model.train_function
-            else:
-                model.make_test_function()
-                fn = model.test_function
-        fn([batch])
+            fn = compiled_step(model, "train" if training else "test", batch)
+        fn(batch)
         if first is not None:
             if startup is not None:
                 startup["first_step"] = time.perf_counter() - first
@@ -61,9 +112,12 @@ def predict_batches(model: Any, x: Any, batch_size: int) -> Any:
 
     n = num_rows((x,))
     outs = []
+    fn = None
     for start in range(0, n, batch_size):
-        part = take_rows(x, slice(start, start + batch_size))
-        outs.append(model.predict_on_batch(part))
+        part = (take_rows(x, slice(start, start + batch_size)),)
+        if fn is None:
+            fn = compiled_step(model, "predict", part)
+        outs.append(fn(part))
     if not outs:
         return None
     return tree_concat([_as_struct(o) for o in outs])

@@ -1,0 +1,85 @@
+"""The worker's compiled steps (sparkdl_train.worker.steps): one trace for every batch size, and
+the same numbers as Keras' own fit / evaluate / predict on the same batches."""
+
+import numpy as np
+import pytest
+from helpers import make_mlp
+
+from sparkdl_train.data.batching import rebatch
+from sparkdl_train.model_io import get_metric_state, load_archive, serialize_model
+from sparkdl_train.worker.steps import compiled_step, open_rows_spec, predict_batches, run_steps
+
+
+def _worker_model(**kwargs):
+    # as a worker gets it: rebuilt from the driver's archive, optimizer and compiled metrics built
+    return load_archive(serialize_model(make_mlp(**kwargs)))
+
+
+def _stream(x, y, batch_size):
+    # chunks of 50 rows re-batched, as a worker's partition arrives: the last batch is short
+    chunks = ((x[i:i + 50], y[i:i + 50], None) for i in range(0, len(x), 50))
+    return rebatch(chunks, batch_size)
+
+
+def test_train_steps_match_keras_fit_and_trace_once_for_every_batch_size(digits):
+    x, y, _, _ = digits
+    x, y = x[:300], y[:300]  # 300 = 9 batches of 32 and one of 12
+    reference = make_mlp()
+    reference.fit(x, y, epochs=1, batch_size=32, shuffle=False, verbose=0)
+
+    model = _worker_model()
+    samples, steps = run_steps(model, _stream(x, y, 32), training=True)
+    assert (samples, steps) == (300, 10)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for got, want in zip(get_metric_state(model), get_metric_state(reference)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    fn = compiled_step(model, "train", (x[:1], y[:1], None))
+    assert fn.experimental_get_tracing_count() == 1  # the short last batch reused the first trace
+    run_steps(model, _stream(x[:70], y[:70], 16), training=True)  # a later task: other sizes, no trace
+    assert fn.experimental_get_tracing_count() == 1
+    assert int(model.optimizer.iterations.numpy()) == 15
+
+
+def test_test_steps_match_keras_evaluate_and_predict_matches_keras_predict(digits):
+    _, _, xt, yt = digits
+    model = _worker_model(seed=3)
+    expected = model.evaluate(xt, yt, batch_size=32, verbose=0, return_dict=True)
+
+    model.reset_metrics()
+    samples, _ = run_steps(model, _stream(xt, yt, 32), training=False)
+    assert samples == len(xt)
+    got = {k: float(v) for k, v in model.get_metrics_result().items()}
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert compiled_step(model, "test", (xt[:1], yt[:1], None)).experimental_get_tracing_count() == 1
+
+    np.testing.assert_allclose(predict_batches(model, xt, 64), model.predict(xt, batch_size=64, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+    assert compiled_step(model, "predict", (xt[:1],)).experimental_get_tracing_count() == 1
+
+
+def test_a_recompiled_model_traces_its_new_step():
+    import keras
+
+    x = np.zeros((40, 64), np.float32)
+    y = np.zeros((40,), np.int64)
+    model = _worker_model()
+    run_steps(model, _stream(x, y, 16), training=True)
+    first = compiled_step(model, "train", (x, y, None))
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    run_steps(model, _stream(x, y, 16), training=True)
+    assert compiled_step(model, "train", (x, y, None)) is not first
+    assert int(model.optimizer.iterations.numpy()) == 3  # the new optimizer stepped
+
+
+def test_open_rows_spec_keeps_structure_dtypes_and_row_shapes():
+    import tensorflow as tf
+
+    batch = ({"a": np.zeros((5, 3, 2), np.float32), "s": np.array(["x"] * 5, dtype=object)}, np.zeros(5, np.int64), None)
+    x, y, w = open_rows_spec(batch)
+    assert x["a"] == tf.TensorSpec((None, 3, 2), tf.float32)
+    assert x["s"] == tf.TensorSpec((None,), tf.string)
+    assert y == tf.TensorSpec((None,), tf.int64) and w is None
+    with pytest.raises(ValueError, match="step kind"):
+        compiled_step(make_mlp(), "fit", batch)
