@@ -47,6 +47,14 @@ def symbolic_build(model: Any, batch: Any) -> None:
         log.debug("symbolic build of %s failed, left to the first step: %s", getattr(model, "name", model), exc)
 
 
+def compiled_metrics_built(model: Any) -> bool:
+    """Whether the model's compiled loss and metrics are built (``compile`` leaves them to the
+    first step or :func:`symbolic_build`, which resolves names such as ``"accuracy"`` from the
+    batch's shapes)."""
+    parts = (getattr(model, "_compile_metrics", None), getattr(model, "_compile_loss", None))
+    return all(p is None or getattr(p, "built", True) for p in parts)
+
+
 def compute_loss(model: Any) -> Any:
     """The loss function ``train_step`` uses (``_compute_loss`` wraps ``compute_loss`` with loss scaling hooks)."""
     return getattr(model, "_compute_loss", None) or model.compute_loss

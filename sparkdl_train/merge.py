@@ -32,6 +32,9 @@ class WeightedMean:
     total_weight: float = 0.0
     sums: list[np.ndarray] | None = None
     dtypes: list[str] | None = None
+    # one worker's arrays as given to ``of`` (until a merge): what travels instead of the float64
+    # sums, half their bytes for float32 state, rescaled exactly as ``of`` scales them
+    source: list[np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, arrays: Sequence[np.ndarray], weight: float) -> "WeightedMean":
@@ -52,6 +55,7 @@ class WeightedMean:
                 s = np.array(a, copy=True)
             sums.append(s)
         acc.sums = sums
+        acc.source = [np.asarray(a) for a in arrays]
         return acc
 
     def merge(self, other: "WeightedMean") -> "WeightedMean":
@@ -69,6 +73,7 @@ class WeightedMean:
             else:
                 np.maximum(a, b, out=a)
         self.total_weight += other.total_weight
+        self.source = None  # the sums are no longer one worker's arrays
         return self
 
     def result(self) -> list[np.ndarray]:
@@ -124,13 +129,17 @@ class Partial:
 
     # -- binary form (used where results travel through Arrow) ----------------
     def to_bytes(self) -> bytes:
-        model = self.model.sums or []
+        """Its binary form; one worker's model state travels as that worker's arrays (float32 for
+        most models) and is scaled on arrival exactly as :meth:`WeightedMean.of` scales it."""
+        scaled = self.model.source is None
+        model = (self.model.sums if scaled else self.model.source) or []
         metrics = self.metrics or []
         meta = {
             "samples": self.samples,
             "batches": self.batches,
             "weight": self.model.total_weight,
             "dtypes": self.model.dtypes,
+            "scaled": scaled,
             "n_model": len(model),
             "n_metrics": len(metrics) if self.metrics is not None else None,
             "partitions": {str(k): v for k, v in self.partitions.items()},
@@ -141,11 +150,14 @@ class Partial:
     def from_bytes(cls, data: bytes) -> "Partial":
         meta, arrays = wire.decode(data, copy=True)
         n_model = int(meta["n_model"])
-        model = WeightedMean(
-            total_weight=float(meta["weight"]),
-            sums=arrays[:n_model] if n_model else None,
-            dtypes=meta["dtypes"],
-        )
+        if n_model and meta.get("scaled") is False:
+            model = WeightedMean.of(arrays[:n_model], float(meta["weight"]))
+        else:
+            model = WeightedMean(
+                total_weight=float(meta["weight"]),
+                sums=arrays[:n_model] if n_model else None,
+                dtypes=meta["dtypes"],
+            )
         metrics = arrays[n_model:] if meta["n_metrics"] is not None else None
         return cls(
             samples=int(meta["samples"]),

@@ -78,3 +78,26 @@ def test_partial_binary_roundtrip_and_duplicate_partition_detection():
     assert empty.metrics is None and empty.model.sums is None and empty.empty_partitions == [5]
     with pytest.raises(ValueError, match="reported twice"):
         q.merge(Partial(partitions={3: {"samples": 1}}))
+
+
+def test_one_workers_float32_state_travels_in_half_the_bytes_and_merges_bit_for_bit():
+    """A worker's partial carries its float32 arrays, not their float64 weighted sums: half the
+    bytes on the wire every epoch, and the driver's merge is bit-for-bit the one of the sums."""
+    rng = np.random.default_rng(4)
+    big = [rng.normal(size=(200, 50)).astype(np.float32), np.array(7, dtype=np.int64)]
+    other = [rng.normal(size=(200, 50)).astype(np.float32), np.array(9, dtype=np.int64)]
+    one = Partial(samples=37, model=WeightedMean.of(big, 37), partitions={0: {}})
+    two = Partial(samples=5, model=WeightedMean.of(other, 5), partitions={1: {}})
+    sent = one.to_bytes()
+    assert 200 * 50 * 4 <= len(sent) < 200 * 50 * 8  # float32 on the wire, not the float64 sums
+    got = Partial.from_bytes(sent).merge(Partial.from_bytes(two.to_bytes())).model.result()
+    want = WeightedMean.of(big, 37).merge(WeightedMean.of(other, 5)).result()
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    # merged partials (a tree reduce's) carry the float64 sums: rounding them would lose bits
+    merged = Partial(samples=37, model=WeightedMean.of(big, 37), partitions={0: {}}).merge(
+        Partial(samples=5, model=WeightedMean.of(other, 5), partitions={1: {}}))
+    assert len(merged.to_bytes()) >= 200 * 50 * 8
+    for a, b in zip(Partial.from_bytes(merged.to_bytes()).model.result(), want):
+        np.testing.assert_array_equal(a, b)

@@ -96,6 +96,17 @@ class DataAdapter(ABC):
         Python worker pools: the preflight warms the one this returns."""
         return None
 
+    # whether sample() is a query the driver runs with no code of ours on the executors (a
+    # DataFrame's limit), cheap to cancel: a fit then starts it before serializing the model
+    sample_first = False
+
+    def empty_batch(self) -> Batch | None:
+        """A batch of zero rows with the structure, row shapes and dtypes of every batch this data
+        gives, known without reading it (a DataFrame's column types); ``None`` when only the data
+        can tell. Executors trace a model's steps from it while the driver still prepares a fit
+        (:mod:`sparkdl_train.driver.prepare`)."""
+        return None
+
     def unshare(self, ref: Any) -> None:
         unpersist = getattr(ref, "unpersist", None)
         if unpersist is not None:
@@ -124,6 +135,16 @@ def _spark_job(sc: Any, description: str) -> Iterator[None]:
         raise WorkerError(summary, {failure.partition: failure.text}, cause=failure.cause.value) from exc
     finally:
         sc.setLocalProperty("spark.job.description", old)
+
+
+def _arrow_partials(out: Any) -> Iterator[Partial]:
+    """The partials of a one-column ``partial binary`` DataFrame, collected as Arrow: its
+    ``collect()`` turns every value into a Python row through the JVM's pickler, which took
+    0.35 s longer for two 4 MB partials (every epoch of a synchronous fit)."""
+    column = out.toArrow().column(0)
+    for chunk in column.chunks:
+        for i in range(len(chunk)):
+            yield Partial.from_bytes(chunk[i].as_buffer())
 
 
 def _tree_reduce(rdd: Any) -> Partial:
@@ -258,11 +279,23 @@ def check_schema(schema: Any, mapping: ColumnMapping) -> None:
                 )
 
 
+def row_shape(dt: Any) -> tuple[int, ...] | None:
+    """The row shape a Spark column type fixes without data: ``()`` for scalars (numbers,
+    booleans, decimals, strings, bytes), ``None`` for arrays and vectors (their length is the data's)."""
+    from pyspark.sql import types as T
+
+    if isinstance(dt, (T.NumericType, T.BooleanType, T.StringType, T.BinaryType)):
+        return ()
+    return None
+
+
 def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
 class DataFrameAdapter(DataAdapter):
+    sample_first = True
+
     def __init__(self, df: Any, mapping: ColumnMapping, partitions: int | None = None):
         self.df = df
         self.mapping = mapping
@@ -304,6 +337,9 @@ class DataFrameAdapter(DataAdapter):
     def _selected(self) -> Any:
         return self.df.select(*[_quoted(c) for c in self.mapping.columns()])
 
+    def empty_batch(self) -> Batch | None:
+        return self.mapping.empty_batch({f.name: row_shape(f.dataType) for f in self.df.schema.fields})
+
     def sample(self, n: int) -> Batch:
         table = self._selected().limit(n).toArrow()
         if table.num_rows == 0:
@@ -332,7 +368,7 @@ class DataFrameAdapter(DataAdapter):
                 # straight through the JVM to the driver: the stage runs no RDD Python worker
                 # beside the Arrow one, so a task always lands in a worker that ran this fit's
                 # tasks before (its model cached), also when RDD and Arrow tasks share a daemon
-                return _merge_all(Partial.from_bytes(bytes(r[0])) for r in out.collect())
+                return _merge_all(_arrow_partials(out))
             return _tree_reduce(out.rdd.map(lambda row: Partial.from_bytes(row[0])))
 
     def barrier_map(self, task: BarrierTask, description: str) -> Partial:
@@ -349,8 +385,7 @@ class DataFrameAdapter(DataAdapter):
 
         out = self._selected().mapInArrow(run, "partial binary", barrier=True)
         with _spark_job(self._sc, description):
-            rows = out.collect()
-        return _merge_all(Partial.from_bytes(bytes(r[0])) for r in rows)
+            return _merge_all(_arrow_partials(out))
 
     def predict(self, make_model, predict, columns):
         from pyspark.sql import types as T

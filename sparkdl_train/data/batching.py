@@ -39,6 +39,26 @@ def tree_leaves(struct: Any) -> list[np.ndarray]:
     return [struct]
 
 
+def row_signature(batch: Any) -> str:
+    """What a compiled step is traced for: the batch's structure and each leaf's row shape and
+    dtype (str / bytes / object leaves are all "string"), not its row count; equal strings, one trace."""
+
+    def leaf(a: Any) -> str:
+        a = np.asarray(a)
+        return f"{'string' if a.dtype.kind in 'OSU' else a.dtype.name}{list(a.shape[1:])}"
+
+    def walk(struct: Any) -> str:
+        if struct is None:
+            return "None"
+        if isinstance(struct, dict):
+            return "{" + ", ".join(f"{k!r}: {walk(struct[k])}" for k in sorted(struct)) + "}"
+        if isinstance(struct, (list, tuple)):
+            return "(" + ", ".join(walk(v) for v in struct) + ")"
+        return leaf(struct)
+
+    return walk(batch)
+
+
 def tree_concat(structs: list[Any]) -> Any:
     first = structs[0]
     if first is None:

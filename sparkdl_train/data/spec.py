@@ -75,6 +75,33 @@ class TensorSpec:
         a = self._cast(a, where)
         return self._fit_shape(a, n, where)
 
+    def empty(self, shapes: "dict[str, tuple[int, ...] | None]") -> np.ndarray | None:
+        """The tensor of zero rows whose row shape and dtype :meth:`assemble` gives every batch of
+        valid data, known before any data is read: ``shapes`` holds each column's row shape as its
+        type fixes it (``()`` for a scalar, ``None`` where only the data tells: arrays, vectors).
+        ``None`` when only the data can tell, or when the types already contradict the model (the
+        driver's sample check then names the problem)."""
+        got = [shapes.get(c) for c in self.columns]
+        if any(g is None for g in got):
+            row = None
+        elif len(got) == 1:
+            row = got[0]
+        else:  # columns concatenated along the feature axis
+            row = (sum(int(np.prod(g, dtype=np.int64)) for g in got),)
+        if self.shape is not None and None not in self.shape:
+            want = tuple(int(s) for s in self.shape)
+            if row is not None and int(np.prod(row, dtype=np.int64)) != int(np.prod(want, dtype=np.int64)):
+                return None
+            row = want
+        elif row is None:
+            return None
+        elif self.shape is not None:
+            if len(row) == 0 and len(self.shape) == 1:
+                row = (1,)
+            elif len(row) != len(self.shape) or any(w is not None and w != g for w, g in zip(self.shape, row)):
+                return None
+        return np.empty((0,) + tuple(row), dtype=object if self.dtype == STRING else np.dtype(self.dtype))
+
     def _cast(self, a: np.ndarray, where: str | None) -> np.ndarray:
         source = f" ({where})" if where else ""
         if self.dtype == STRING:
@@ -158,6 +185,19 @@ class ColumnMapping:
         y = self.label.from_arrow(rb) if self.label is not None else None
         w = self.sample_weight.from_arrow(rb) if self.sample_weight is not None else None
         return (x, y, w)
+
+    def empty_batch(self, shapes: "dict[str, tuple[int, ...] | None]") -> Batch | None:
+        """A batch of zero rows with the structure, row shapes and dtypes every batch of valid data
+        gets (:meth:`TensorSpec.empty`), from the columns' types alone; ``None`` when only the data
+        (or a transform) can tell."""
+        if self.transform is not None:
+            return None
+        x = [spec.empty(shapes) for spec in self.inputs]
+        y = self.label.empty(shapes) if self.label is not None else None
+        w = self.sample_weight.empty(shapes) if self.sample_weight is not None else None
+        if any(t is None for t in x) or (self.label is not None and y is None) or (self.sample_weight is not None and w is None):
+            return None
+        return (self._structure(x), y, w)
 
     def _from_transformed(self, rb: pa.RecordBatch, where: str, labels: bool) -> Batch:
         t = self.transform.apply(ArrowColumns(rb), where)

@@ -12,6 +12,7 @@ from typing import Any, Iterator, Sequence
 
 from ..config import EngineConfig, FitConfig, arguments_doc, split_applicable
 from ..data.adapters import DataAdapter, is_dataframe, is_rdd
+from ..data.batching import Batch
 from ..data.output import output_columns
 from ..data.transform import BatchTransform
 from ..errors import ConfigError, DataError
@@ -25,6 +26,7 @@ from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
 from .phases import Phases
 from .preflight import PendingCheck
+from .prepare import PendingPrepare, start_prepare
 from .progress import FitProgress
 from .session import SharedRefs
 from .stats import EpochStats, FitStats
@@ -198,35 +200,60 @@ class SparkModel:
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         self._remember_transform(transform, data)
         model = self._model
-        with phases("payload"):  # a model that cannot be shipped fails here, before any Spark job
-            payload = self._payload()
         with phases("adapter"):
             train = self._adapter(data, labelled=True, what="data")
             config = self._conf(train)
         sc = _spark_context(train)
-        # the executors' check (their Python workers, TensorFlow imports) runs while the driver
-        # prepares, and so does the sample job, beside the driver's own query planning
+        # the sample job runs beside the driver's own work; a DataFrame's (a plain query, no code of
+        # ours on the executors) even beside the model's serialization
+        sample = self._start_sample(train) if train.sample_first else None
+        with _cancelled_on_error(sample):
+            with phases("payload"):  # a model that cannot be shipped fails here, before any job runs our code
+                payload = self._payload()
+        # the executors' check (their Python workers, TensorFlow imports) runs while the driver prepares
         check = self._start_preflight(train, config)
-        sample = SparkCall(sc, functools.partial(train.sample, _SAMPLE_ROWS), "sparkdl_train-sample")
-        with _preflight_first(check), _cancelled_on_error(sample):
-            with phases("validation_split"):
-                train, val = self._validation(train, validation_data, fit_cfg, config)
-            with phases("plan"):
-                engine_cls = engine_class(config)
-                launch = engine_cls.plan(config, sc, train)  # slot checks fail here, before any job
-                launch = dataclasses.replace(launch, tls=use_tls(config, sc))
-                train = train.with_partitions(launch.workers, shuffle=launch.barrier)
-            self._check_sample(train, "data", phases, ahead=sample)
-            if val is not None:
-                self._check_sample(val, "validation_data", phases)
-        with phases("preflight"):  # what is left of the check's time after the driver's preparation
-            environment = check.result() if check is not None else None
-        threads = self._threads(train, launch.workers, config)
-        settings = StepSettings(batch_size=fit_cfg.batch_size, shuffle=fit_cfg.shuffle, shuffle_buffer_size=config.data.shuffle_buffer_size,
-                                seed=config.seed, threads=threads, nan_policy=config.data.nan_policy)
+        sample = sample or self._start_sample(train)
+        refs = SharedRefs(payload)
+        prepare: PendingPrepare | None = None
+        try:
+            with _preflight_first(check), _cancelled_on_error(sample):
+                with phases("validation_split"):
+                    train, val = self._validation(train, validation_data, fit_cfg, config)
+                with phases("plan"):
+                    engine_cls = engine_class(config)
+                    launch = engine_cls.plan(config, sc, train)  # slot checks fail here, before any job
+                    launch = dataclasses.replace(launch, tls=use_tls(config, sc))
+                    train = train.with_partitions(launch.workers, shuffle=launch.barrier)
+                threads = self._threads(train, launch.workers, config)
+                settings = StepSettings(batch_size=fit_cfg.batch_size, shuffle=fit_cfg.shuffle,
+                                        shuffle_buffer_size=config.data.shuffle_buffer_size, seed=config.seed, threads=threads,
+                                        nan_policy=config.data.nan_policy)
+                if config.core.prepare_workers and sc is not None:
+                    # the executors rebuild the model and trace its step while the driver samples
+                    with phases("prepare_start"):
+                        kinds = (engine_cls.step,) + (("test",) if val is not None else ())
+                        prepare = start_prepare(train, refs.payload_ref(train), settings, kinds, launch.workers, after=sample)
+                batch = self._check_sample(train, "data", phases, ahead=sample)
+                if val is not None:
+                    self._check_sample(val, "validation_data", phases)
+            with phases("preflight"):  # what is left of the check's time after the driver's preparation
+                environment = check.result() if check is not None else None
+            prepared = None
+            if prepare is not None:
+                with phases("prepare"):  # what is left of the prepare job's time
+                    prepared = prepare.wait(config.core.preflight_timeout)
+                    if not prepared.get("finished"):
+                        prepare.cancel()
+                settings = dataclasses.replace(settings, prepared=prepare.accepted(batch))
+        except BaseException:
+            if prepare is not None:
+                prepare.cancel()
+            refs.release()
+            raise
         self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                               master=sc.master if sc is not None else None, environment=environment)
         self.stats.phases = phases.seconds
+        self.stats.prepare = prepared
         with phases("restore"):
             fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
         cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
@@ -236,7 +263,7 @@ class SparkModel:
         monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
                              live=fit_cfg.verbose == 1 or bool(callbacks), tls=launch.tls)
         self._monitor = monitor
-        loop = _EpochLoop(train, val, SharedRefs(payload), settings, fit_cfg, cb, progress, monitor, checkpointer)
+        loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer)
         model.stop_training = False
         log.info("fit: %d epochs on %d workers (mode=%s, frequency=%s)", epochs, launch.workers, config.mode, config.frequency)
         engine = None
@@ -261,7 +288,7 @@ class SparkModel:
     def _run_epochs(self, engine: Engine, loop: "_EpochLoop") -> dict[str, Any]:
         model, fit_cfg, cb, progress = self._model, loop.fit_cfg, loop.callbacks, loop.progress
         s = loop.settings
-        eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy)
+        eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy, prepared=s.prepared)
         logs: dict[str, Any] = {}
         for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
             cb.on_epoch_begin(epoch)
@@ -467,6 +494,10 @@ class SparkModel:
         return warm_up.start(sc, engine, adapter.spark_session())
 
     @staticmethod
+    def _start_sample(adapter: DataAdapter) -> SparkCall:
+        return SparkCall(_spark_context(adapter), functools.partial(adapter.sample, _SAMPLE_ROWS), "sparkdl_train-sample")
+
+    @staticmethod
     def _threads(adapter: DataAdapter, workers: int, engine: EngineConfig) -> int | None:
         if engine.core.worker_threads:
             return engine.core.worker_threads
@@ -477,9 +508,10 @@ class SparkModel:
             return max(1, sc.defaultParallelism // max(1, workers))
         return int(sc.getConf().get("spark.task.cpus", "1"))
 
-    def _check_sample(self, adapter: DataAdapter, what: str, phases: Phases | None = None, ahead: SparkCall | None = None) -> None:
+    def _check_sample(self, adapter: DataAdapter, what: str, phases: Phases | None = None, ahead: SparkCall | None = None) -> Batch:
         """Run a few rows through the driver model: catches shape/label problems before
         the long job, and builds the compiled metrics used to merge workers' metric state.
+        Returns the sample batch.
         Timed as the phases ``sample`` (reading the rows, or what is left of the wait for
         ``ahead``, the sample read beforehand) and ``sample_check`` (the model's test step)."""
         phases = phases or Phases()
@@ -497,6 +529,7 @@ class SparkModel:
                 f"{what} does not fit model {self._model.name!r} (sample batch shapes {shapes}): "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+        return x, y, w
 
 
 @dataclass
@@ -534,12 +567,13 @@ def _shipping_key(model: Any, custom_objects: dict[str, Any], safe_mode: bool) -
 
 
 @contextlib.contextmanager
-def _cancelled_on_error(ahead: SparkCall) -> Iterator[None]:
+def _cancelled_on_error(ahead: SparkCall | None) -> Iterator[None]:
     """A preparation that fails (a slot check, a bad validation split) leaves no job running."""
     try:
         yield
     except BaseException:
-        ahead.cancel()
+        if ahead is not None:
+            ahead.cancel()
         raise
 
 

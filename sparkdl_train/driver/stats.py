@@ -43,8 +43,11 @@ class FitStats:
     environment: list[dict[str, Any]] | None = None  # the executor environment check's reports (preflight)
     tls: bool = False  # the fit's sockets (parameter server, ring, reports) used TLS
     # driver wall seconds before the first epoch and after the last: payload, adapter, preflight,
-    # validation_split, plan, sample_check, restore, start (servers), stop
+    # validation_split, plan, prepare_start, sample, sample_check, prepare, restore, start (servers), stop
     phases: dict[str, float] = field(default_factory=dict)
+    # the prepare job (sparkdl_train.driver.prepare): tasks, rebuilt, traced, errors, slowest
+    # task's seconds; None when it did not run
+    prepare: dict[str, Any] | None = None
 
     def fixed_costs(self) -> dict[str, Any]:
         """Where the fixed cost of this fit went: the driver's set-up phases, the first epoch's
@@ -74,6 +77,7 @@ class FitStats:
             "environment": self.environment,
             "tls": self.tls,
             "phases": self.phases,
+            "prepare": self.prepare,
             "epochs": [
                 {
                     "epoch": e.epoch,

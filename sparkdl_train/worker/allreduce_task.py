@@ -37,7 +37,7 @@ from ..errors import SparkDLError
 from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
 from ..net.tls import TlsIdentity
-from .fused_step import FusedStep
+from .fused_step import cached_fused_step
 from .report import ReportSettings
 from .tasks import PartitionPass, Ref, StepSettings, on_task_device
 
@@ -119,7 +119,7 @@ class AllreduceTrainTask:
         comm += time.perf_counter() - t0
         run.startup["ring_broadcast"] = time.perf_counter() - t0
 
-        step = _fused_step(model, s.batch_size)
+        step = cached_fused_step(model, s.batch_size)
         buf = np.empty(step.size, np.float32)
         batches = (b for b in run.batches(chunks) if num_rows(b))  # an exhausted generator keeps returning None below
         samples = local_steps = global_steps = 0
@@ -129,7 +129,7 @@ class AllreduceTrainTask:
                 t1 = time.perf_counter()
                 if local_steps == 0:
                     _compat.symbolic_build(model, batch)
-                    step.trace(batch)
+                    run.startup["traced"] = step.trace(batch)
                 samples += step.gradients(batch, buf)
                 if local_steps == 0:
                     run.startup["first_step"] = time.perf_counter() - t1  # tracing the fused step, when new
@@ -182,15 +182,6 @@ def _broadcast_arrays(arrays: list[np.ndarray], link: Any, rank: int, size: int)
         out.append(blob[pos : pos + a.nbytes].view(a.dtype).reshape(a.shape).copy())
         pos += a.nbytes
     return out
-
-
-def _fused_step(model: Any, batch_size: int) -> FusedStep:
-    """One FusedStep per (model, batch size), kept on the cached model: traced once per worker."""
-    cache = model.__dict__.setdefault("_sparkdl_fused_steps", {})
-    step = cache.get(batch_size)
-    if step is None:
-        step = cache[batch_size] = FusedStep(model, batch_size)
-    return step
 
 
 def _scale_lr(model: Any, factor: float, base: float | None = None) -> float | None:

@@ -76,12 +76,15 @@ class FusedStep:
         grads = [tf.cast(tf.reshape(p, s), v.dtype) for p, s, v in zip(parts, self.shapes, self.variables)]
         self.model.optimizer.apply_gradients(zip(grads, self.variables))
 
-    def trace(self, batch: tuple) -> None:
+    def trace(self, batch: tuple) -> bool:
         """Trace the gradient step for ``batch``'s signature with any number of rows, so that a
-        short batch (a partition's last) reuses the trace instead of tracing again."""
+        short batch (a partition's last) reuses the trace instead of tracing again; returns
+        whether it traced (``False``: that signature was traced before)."""
         from .steps import open_rows_spec
 
+        before = self._gradients.experimental_get_tracing_count()
         self._gradients.get_concrete_function(*open_rows_spec(tuple(batch)))
+        return self._gradients.experimental_get_tracing_count() > before
 
     def gradients(self, batch: tuple, out: np.ndarray) -> int:
         """Write this rank's weighted, fused gradient into ``out``; returns the batch's rows."""
@@ -96,3 +99,12 @@ class FusedStep:
 
 def _rows(x: Any) -> int:
     return int(np.shape(_first_input(x))[0])
+
+
+def cached_fused_step(model: Any, batch_size: int) -> FusedStep:
+    """One FusedStep per (model, batch size), kept on the cached model: traced once per worker."""
+    cache = model.__dict__.setdefault("_sparkdl_fused_steps", {})
+    step = cache.get(batch_size)
+    if step is None:
+        step = cache[batch_size] = FusedStep(model, batch_size)
+    return step

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 _MAX_CACHED_MODELS = 2
 _models: "OrderedDict[str, Any]" = OrderedDict()
 _threads: int | None = None
+_PREPARED = "_sparkdl_train_prepared_for"
 _import_seconds = 0.0  # TensorFlow's import in this process, not yet reported by a task
 
 
@@ -65,24 +66,45 @@ def take_import_seconds() -> float:
     return seconds
 
 
-def is_cached(payload: ModelPayload, device: str | None = None) -> bool:
-    """Whether this worker holds the model for ``payload`` already (rebuilt and traced)."""
-    return f"{payload.digest}@{device}" in _models
+def is_cached(payload: ModelPayload, device: str | None = None, accept: str | None = None) -> bool:
+    """Whether this worker holds the model for ``payload`` already (rebuilt and traced), one
+    :func:`get_model` with ``accept`` keeps."""
+    model = _models.get(f"{payload.digest}@{device}")
+    return model is not None and model.__dict__.get(_PREPARED, accept) == accept
 
 
-def get_model(payload: ModelPayload, device: str | None = None) -> Any:
+def get_model(payload: ModelPayload, device: str | None = None, accept: str | None = None) -> Any:
     """The model for ``payload`` with its variables on ``device`` (a TensorFlow device name,
-    ``None``: TensorFlow's default), rebuilt once per Python worker process and device."""
+    ``None``: TensorFlow's default), rebuilt once per Python worker process and device.
+
+    A model a prepare task built for a guessed batch signature (:func:`mark_prepared`) is kept
+    only when ``accept`` is that signature, the one the driver found in the data; otherwise it is
+    dropped and rebuilt: its compiled metrics may have been resolved for other shapes."""
     key = f"{payload.digest}@{device}"  # variables live on the device they were built on
     model = _models.get(key)
     if model is not None:
-        _models.move_to_end(key)
-        return model
+        prepared = model.__dict__.pop(_PREPARED, None)
+        if prepared is None or prepared == accept:
+            _models.move_to_end(key)
+            return model
+        log.info("dropping the model prepared for %s: the data's batches are %s", prepared, accept)
+        del _models[key]
     model = load_archive(payload)
     _models[key] = model
     while len(_models) > _MAX_CACHED_MODELS:
         _models.popitem(last=False)
     return model
+
+
+def peek_model(payload: ModelPayload, device: str | None = None) -> Any:
+    """The cached model for ``payload`` on ``device``, or ``None``; changes nothing."""
+    return _models.get(f"{payload.digest}@{device}")
+
+
+def mark_prepared(model: Any, signature: str) -> None:
+    """Record that ``model``'s compiled metrics and loss were built from a batch signature that
+    no data has confirmed yet (:func:`get_model` keeps it only for tasks that accept it)."""
+    model.__dict__[_PREPARED] = signature  # past Keras' attribute tracking
 
 
 def cached_model_count() -> int:

@@ -40,7 +40,7 @@ def open_rows_spec(batch: Any) -> Any:
     return tree_map(spec, batch)
 
 
-def compiled_step(model: Any, kind: str, batch: Batch) -> Callable[[Batch], Any]:
+def compiled_step(model: Any, kind: str, batch: Batch, stats: dict[str, Any] | None = None) -> Callable[[Batch], Any]:
     """The model's ``{kind}_step`` as one ``tf.function`` per model and compilation, traced for
     ``batch``'s structure, dtypes and row shapes with any number of rows: every batch of that
     signature, whatever its size, runs the same trace. Kept on the model, so a worker that has
@@ -50,7 +50,7 @@ def compiled_step(model: Any, kind: str, batch: Batch) -> Callable[[Batch], Any]
     A model rebuilt by :func:`sparkdl_train.model_io.load_archive` (every worker's) has its
     optimizer and compiled metrics built; one whose variables are created in the trace (fresh
     ``compile`` on TensorFlow, which defers building to the first step) is traced twice, once
-    creating them, as Keras' own function is."""
+    creating them, as Keras' own function is. ``stats["traced"]`` tells whether this call traced."""
     import tensorflow as tf
 
     if kind not in STEP_KINDS:
@@ -69,7 +69,10 @@ def compiled_step(model: Any, kind: str, batch: Batch) -> Callable[[Batch], Any]
 
         fn = tf.function(one_step, reduce_retracing=True, jit_compile=bool(model.jit_compile))
         cache[key] = fn
+    before = fn.experimental_get_tracing_count()
     fn.get_concrete_function(open_rows_spec(batch))  # traces once per signature; a lookup after
+    if stats is not None:
+        stats["traced"] = fn.experimental_get_tracing_count() > before
     return fn
 
 
@@ -82,7 +85,7 @@ def run_steps(
 ) -> tuple[int, int]:
     """Run one step per batch; return ``(samples, steps)``. Metrics accumulate. ``startup``
     receives ``first_step``: the first step's seconds (tracing and compiling it, when this
-    worker's model has not run one before)."""
+    worker's model has not run one before), and ``traced``: whether it traced."""
     samples = steps = 0
     fn = None
     first = None
@@ -93,7 +96,7 @@ def run_steps(
         if fn is None:
             first = time.perf_counter()
             _compat.symbolic_build(model, batch)
-            fn = compiled_step(model, "train" if training else "test", batch)
+            fn = compiled_step(model, "train" if training else "test", batch, startup)
         fn(batch)
         if first is not None:
             if startup is not None:

@@ -57,6 +57,9 @@ class StepSettings:
     seed: int = 0
     threads: int | None = None
     nan_policy: str = "fail"  # see sparkdl_train.data.finite
+    # the batch signature the driver found in the data, under which a model built ahead by a
+    # prepare task (sparkdl_train.worker.prepare) is used; None: such a model is rebuilt
+    prepared: str | None = None
 
 
 def peak_rss_mb() -> float:
@@ -130,8 +133,8 @@ def _model(payload: Ref, state: Ref, settings: StepSettings, device: str | None,
     startup["tf_import"] = runtime.take_import_seconds()  # here, or in placed() before this task
     t0 = time.perf_counter()
     value = payload.value
-    startup["model_cached"] = runtime.is_cached(value, device)
-    model = runtime.get_model(value, device)
+    startup["model_cached"] = runtime.is_cached(value, device, settings.prepared)
+    model = runtime.get_model(value, device, settings.prepared)
     t1 = time.perf_counter()
     apply_state(model, state.value)
     startup.update(rebuild=t1 - t0, state=time.perf_counter() - t1)
@@ -153,6 +156,7 @@ class PartitionPass:
     def __init__(self, payload: Ref, state: Ref, settings: StepSettings, partition: int, *, device: str | None = None,
                  epoch: int | None = None, report: ReportSettings | None = None, training: bool = True):
         self.start = time.perf_counter()
+        self.started_at = time.time()  # wall clock, for timelines across processes
         self.settings = settings
         self.partition = partition
         self.training = training
@@ -200,7 +204,8 @@ class PartitionPass:
 
     def info(self, samples: int, steps: int, **extra: Any) -> dict[str, Any]:
         startup = {k: round(v, 4) if isinstance(v, float) else v for k, v in self.startup.items()}
-        return {**_info(samples, steps, self.start), **self.screen.info(), "startup": startup, **extra}
+        return {**_info(samples, steps, self.start), "started_at": round(self.started_at, 3), **self.screen.info(),
+                "startup": startup, **extra}
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class AllreduceEngine(Engine):
     """Barrier-mode ring allreduce for the duration of one fit."""
 
     name = "allreduce"
+    step = "fused"
 
     @classmethod
     def plan(cls, config: EngineConfig, sc: Any, train: DataAdapter) -> Launch:

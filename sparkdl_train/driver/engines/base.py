@@ -22,6 +22,8 @@ Override points (each engine module documents its own):
   merged state in the driver's model; return the epoch's logs and :class:`EpochStats`.
 * :meth:`Engine.stopped`: the epoch was cancelled midway; set the weights the driver keeps.
 * :meth:`Engine.stats`: what ``sm.stats.server`` shows.
+* :attr:`Engine.step`: the compiled step its workers run (``"train"`` or ``"fused"``), traced
+  ahead on the executors by the fit's prepare job.
 
 Engines are registered by mode in :mod:`sparkdl_train.driver.engines`; adding one is a new
 module with an :class:`Engine` subclass and a :func:`~sparkdl_train.driver.engines.register` call.
@@ -83,6 +85,9 @@ class Engine:
     """Base class of the training engines (see the module docstring for the contract)."""
 
     name = "engine"
+    # the compiled step its workers run, which a prepare task traces before the first epoch
+    # (sparkdl_train.driver.prepare): "train" (Keras' train_step) or "fused" (allreduce)
+    step = "train"
 
     def __init__(self, config: EngineConfig, model: Any, sc: Any, launch: Launch):
         self.config = config
