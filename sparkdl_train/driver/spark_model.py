@@ -245,25 +245,25 @@ class SparkModel:
                     if not prepared.get("finished"):
                         prepare.cancel()
                 settings = dataclasses.replace(settings, prepared=prepare.accepted(batch))
-        except BaseException:
+            self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
+                                  master=sc.master if sc is not None else None, environment=environment)
+            self.stats.phases = phases.seconds
+            self.stats.prepare = prepared
+            with phases("restore"):
+                fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
+            cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
+                                              verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None)
+            progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, launch.workers, log_interval=config.core.log_interval)
+            self.stats.tls = launch.tls
+            monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
+                                 live=fit_cfg.verbose == 1 or bool(callbacks), tls=launch.tls)
+            self._monitor = monitor
+            loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer)
+        except BaseException:  # before the epochs' own cleanup takes over: no job, no broadcast left
             if prepare is not None:
                 prepare.cancel()
             refs.release()
             raise
-        self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
-                              master=sc.master if sc is not None else None, environment=environment)
-        self.stats.phases = phases.seconds
-        self.stats.prepare = prepared
-        with phases("restore"):
-            fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
-        cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
-                                          verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None)
-        progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, launch.workers, log_interval=config.core.log_interval)
-        self.stats.tls = launch.tls
-        monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
-                             live=fit_cfg.verbose == 1 or bool(callbacks), tls=launch.tls)
-        self._monitor = monitor
-        loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer)
         model.stop_training = False
         log.info("fit: %d epochs on %d workers (mode=%s, frequency=%s)", epochs, launch.workers, config.mode, config.frequency)
         engine = None
