@@ -53,14 +53,15 @@ def run_keras(meta: dict) -> dict:
     return {"fits": [time.perf_counter() - t0]}
 
 
-def run_sdt(meta: dict, mode: str, frequency: str, fits: int, share: bool, warm: bool = False) -> dict:
+def run_sdt(meta: dict, mode: str, frequency: str, fits: int, share: bool, warm: bool = False,
+            conf: dict | None = None) -> dict:
     from sparkdl_train import SparkModel, warm_up
 
     # shareDaemon: one Python worker pool for RDD and DataFrame tasks (off by default)
     spark = e2e_ctr.spark_session("local[2]", 1, f"sparkdl_train fixed cost: {mode}",
                                   {"spark.sparkdl_train.worker.shareDaemon": str(share).lower(),
                                    # as the shipped conf/ files and ./run job set it (README: Fast start)
-                                   "spark.python.daemon.module": "sparkdl_train.worker.daemon"})
+                                   "spark.python.daemon.module": "sparkdl_train.worker.daemon", **(conf or {})})
     try:
         started = time.perf_counter()
         check = warm_up(spark) if warm else None
@@ -88,7 +89,8 @@ def child(cfg: dict) -> None:
     if cfg["kind"] == "keras":
         result = run_keras(meta)
     else:
-        result = run_sdt(meta, cfg["mode"], cfg["frequency"], cfg["fits"], cfg["share"], cfg.get("warm", False))
+        result = run_sdt(meta, cfg["mode"], cfg["frequency"], cfg["fits"], cfg["share"], cfg.get("warm", False),
+                         cfg.get("conf"))
     with open(cfg["result"], "w") as f:
         json.dump(result, f)
 
@@ -119,6 +121,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "sparkdl_train_bench"))
     p.add_argument("--configs", nargs="+", help="run only these configurations (keras always runs)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for every sparkdl_train run (e.g. spark.sparkdl_train.data.directParquet=false)")
     p.add_argument("--child")
     args = p.parse_args(argv)
     if args.child:
@@ -141,7 +145,7 @@ def main(argv: list[str]) -> None:
         configs = [c for c in configs if c["name"] == "keras" or c["name"] in args.configs]
     results = {}
     for cfg in configs:
-        cfg.update(rows=args.rows, work=args.work, result=os.path.join(args.work, f"fixed_{cfg['name']}.json"))
+        cfg.update(rows=args.rows, work=args.work, conf=dict(kv.split("=", 1) for kv in args.conf), result=os.path.join(args.work, f"fixed_{cfg['name']}.json"))
         results[cfg["name"]] = r = launch(cfg)
         print(f"{cfg['name']:>15}: fits {', '.join(f'{s:.2f} s' for s in r['fits'])}", flush=True)
         if "warm_up" in r:

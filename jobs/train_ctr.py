@@ -45,6 +45,9 @@ def parse_args(argv: list[str]) -> dict:
     p.add_argument("--vocab-min-count", type=int, dest="vocab_min_count", help="values seen fewer times share an out-of-vocabulary id")
     p.add_argument("--output", help="folder for the model, generated data and summary.json")
     p.add_argument("--seed", type=int)
+    p.add_argument("--features-dir", dest="features_dir",
+                   help="write the feature tables here as Parquet and train from the files instead of caching them in "
+                        "executor memory (on a local path every host sees, the tasks read them directly with pyarrow)")
     p.add_argument("--checkpoint-dir", dest="checkpoint_dir",
                    help="write the full training state here after every epoch (any Hadoop path)")
     p.add_argument("--resume", action="store_true",
@@ -147,8 +150,14 @@ def main(argv: list[str], spark=None) -> dict:
     raw_train, raw_test = df.where(~is_test), df.where(is_test)
     vocab = build_vocabulary(raw_train, ctr_data.CAT_COLS, min_count=cfg["vocab_min_count"], max_size=cfg["vocab_max_size"])
     parts = cfg.get("workers") or spark.sparkContext.defaultParallelism
-    train = ctr_features(raw_train, ctr_data.DENSE_COLS, ctr_data.CAT_COLS, vocab, keep).repartition(parts).cache()
-    test = ctr_features(raw_test, ctr_data.DENSE_COLS, ctr_data.CAT_COLS, vocab, keep).cache()
+    train = ctr_features(raw_train, ctr_data.DENSE_COLS, ctr_data.CAT_COLS, vocab, keep).repartition(parts)
+    test = ctr_features(raw_test, ctr_data.DENSE_COLS, ctr_data.CAT_COLS, vocab, keep)
+    if cfg.get("features_dir"):  # materialized once; every epoch reads the files (docs/performance.md)
+        for name, table in (("train", train), ("test", test)):
+            table.write.mode("overwrite").parquet(os.path.join(cfg["features_dir"], name))
+        train, test = (spark.read.parquet(os.path.join(cfg["features_dir"], name)) for name in ("train", "test"))
+    else:
+        train, test = train.cache(), test.cache()
     n_train, n_test = train.count(), test.count()
 
     import keras
@@ -206,6 +215,8 @@ def main(argv: list[str], spark=None) -> dict:
         "history": history.history,
         "data": data_path,
         "data_format": data_format,
+        "features_dir": cfg.get("features_dir"),
+        "data_source": sm.stats.data_source,  # how the training tasks read their rows ("parquet": the files, directly)
         "malformed": malformed,
         "model_path": model_path,
         **where_it_ran(spark, sm.stats),

@@ -334,6 +334,13 @@ class DataConfig(_Group):
         "Threads per task running a fit's batch transform (1: the data thread that prefetches batches).")
     transform_rows: int = setting(
         "data.transformRows", 1024, Int(1), "Rows per call of a fit's batch transform (slices of Arrow record batches).")
+    direct_parquet: bool = setting(
+        "data.directParquet", True, Bool(),
+        "Where a fit's or evaluation's DataFrame is a bare scan of Parquet files on a local filesystem path "
+        "(spark.read.parquet, perhaps a column selection; no partition columns, filters or computed columns) and its "
+        "columns are numbers, booleans, strings, binary or arrays of those, the tasks read the files' row groups with "
+        "pyarrow in balanced ranges of rows instead of through Spark's reader and Arrow writer "
+        "(sparkdl_train.data.parquet; docs/performance.md). predict() always reads through Spark.", argument=False)
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,10 @@ SMALL_ROWS = 80_000
 )
 def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, frequency):
     argv = ["--data", small_ctr, "--mode", mode, "--epochs", "1", "--workers", "2", "--output", str(tmp_path)]
+    if mode == "hogwild":  # features written as Parquet: the tasks read the files themselves
+        argv += ["--features-dir", str(tmp_path / "features")]
     s = job.main(argv + (["--frequency", frequency] if frequency else []), spark=spark)
+    assert s["data_source"] == ("parquet" if mode == "hogwild" else "spark")
     assert s["mode"] == mode and s["workers"] == 2 and s["epochs"] == 1
     assert s["frequency"] == {None: "batch", "epoch": "epoch", "4": 4, "batch": "batch"}[frequency]
     assert s["train_rows"] + s["test_rows"] == SMALL_ROWS

@@ -46,9 +46,12 @@ def test_the_workers_python_cannot_import_the_checkout(standalone_cluster):
 @pytest.mark.parametrize("mode", ["asynchronous", "allreduce"])
 def test_flagship_job_on_the_standalone_cluster(standalone_cluster, env_archive, tmp_path, mode):
     args = ["--rows", str(ROWS), "--workers", "2", "--mode", mode, "--epochs", "2"]
+    if mode == "allreduce":  # the features written as Parquet: the barrier tasks read the files with pyarrow
+        args += ["--features-dir", str(tmp_path / "features")]
     conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g",
             "spark.sql.execution.arrow.maxRecordsPerBatch=8192"]
     out, s = spark_submit(standalone_cluster.url, args, tmp_path, conf=conf, archives=env_archive)
+    assert s["data_source"] == ("parquet" if mode == "allreduce" else "spark"), s["data_source"]
     assert s["master"] == standalone_cluster.url, (s["master"], standalone_cluster.url)
     assert_ran_on_executors(s["executor_ids"], s["worker_pids"], s["driver_pid"])
     # the executors ran sparkdl_train from the unpacked archive under a Worker's work dir, never the checkout

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -26,6 +27,7 @@ from ..errors import DataError, FitCancelled, WorkerError
 from ..failures import Cause, classify
 from ..merge import Partial, merge_partials
 from .batching import Batch, num_rows, rows_to_chunks, take_rows, tree_concat
+from .parquet import ParquetFiles, Piece, direct_source, read_pieces
 from .prefetch import ordered_map
 from .spec import STRING, ColumnMapping
 
@@ -96,6 +98,9 @@ class DataAdapter(ABC):
         Python worker pools: the preflight warms the one this returns."""
         return None
 
+    # how tasks read the rows (FitStats.data_source)
+    source = "arrays"
+
     # whether sample() is a query the driver runs with no code of ours on the executors (a
     # DataFrame's limit), cheap to cancel: a fit then starts it before serializing the model
     sample_first = False
@@ -154,6 +159,8 @@ def _tree_reduce(rdd: Any) -> Partial:
 # -- RDD ---------------------------------------------------------------------------
 
 class RDDAdapter(DataAdapter):
+    source = "rdd"
+
     def __init__(self, rdd: Any, labelled: bool = True, chunk_rows: int = 256):
         self.rdd = rdd
         self.labelled = labelled
@@ -296,16 +303,51 @@ def _quoted(name: str) -> str:
 class DataFrameAdapter(DataAdapter):
     sample_first = True
 
-    def __init__(self, df: Any, mapping: ColumnMapping, partitions: int | None = None):
+    def __init__(self, df: Any, mapping: ColumnMapping, partitions: int | None = None,
+                 files: ParquetFiles | None = None, parts: list[list[Piece]] | None = None, read_files: bool = False):
         self.df = df
         self.mapping = mapping
         # a DataFrame's partition count costs a query plan (df.rdd: 0.1 s warm, ~0.9 s in a fresh
         # JVM); with_partitions knows it, so the epochs' jobs never plan the query for it
         self._partitions: int | None = partitions
+        # read straight from its Parquet files (sparkdl_train.data.parquet): the files, each task's
+        # pieces; with read_files, whether it can is decided when first needed (a fit's sample
+        # job asks first, on its helper thread, beside the model's serialization)
+        self._files: Any = files if files is not None else (_UNDECIDED if read_files else None)
+        self._parts = parts
+        self._deciding = threading.Lock()
         check_schema(df.schema, mapping)
 
     def _like(self, df: Any, partitions: int | None = None) -> "DataFrameAdapter":
         return DataFrameAdapter(df, self.mapping, partitions)
+
+    def reading_files(self) -> "DataFrameAdapter":
+        """The same data, read by the tasks from its Parquet files with pyarrow if the DataFrame is
+        a bare scan of local Parquet files (:func:`sparkdl_train.data.parquet.direct_source`),
+        decided when first needed."""
+        if self._files is not None:
+            return self
+        return DataFrameAdapter(self.df, self.mapping, self._partitions, read_files=True)
+
+    @property
+    def files(self) -> ParquetFiles | None:
+        """The Parquet files tasks read themselves; ``None``: Spark's reader."""
+        if self._files is _UNDECIDED:
+            with self._deciding:
+                if self._files is _UNDECIDED:
+                    self._files = direct_source(self.df, self.mapping.columns())
+        return self._files
+
+    def _task_parts(self) -> list[list[Piece]] | None:
+        files = self.files
+        if files is None:
+            return None
+        return self._parts if self._parts is not None else files.natural_split()
+
+    @property
+    def source(self) -> str:
+        """How tasks read the rows: ``"parquet"`` (the files, directly) or ``"spark"`` (Spark's reader)."""
+        return "parquet" if self.files is not None else "spark"
 
     @property
     def _sc(self) -> Any:
@@ -318,11 +360,16 @@ class DataFrameAdapter(DataAdapter):
         return self.df.sparkSession
 
     def num_partitions(self) -> int:
+        parts = self._task_parts()
+        if parts is not None:
+            return len(parts)
         if self._partitions is None:  # adapters are immutable; df.rdd is not free, ask once
             self._partitions = self.df.rdd.getNumPartitions()
         return self._partitions
 
     def with_partitions(self, n: int, shuffle: bool = False) -> "DataFrameAdapter":
+        if self.files is not None:  # balanced ranges of rows, no shuffle needed
+            return DataFrameAdapter(self.df, self.mapping, files=self.files, parts=self.files.split(n))
         current = self.num_partitions()
         if current == n:
             return self
@@ -341,10 +388,16 @@ class DataFrameAdapter(DataAdapter):
         return self.mapping.empty_batch({f.name: row_shape(f.dataType) for f in self.df.schema.fields})
 
     def sample(self, n: int) -> Batch:
-        table = self._selected().limit(n).toArrow()
-        if table.num_rows == 0:
-            raise DataError("the DataFrame is empty")
-        rb = table.combine_chunks().to_batches()[0]
+        if self.files is not None:  # the first rows as tasks read them, no job
+            f = self.files
+            rb = next(read_pieces(f.split(1)[0], f.columns, f.schema, batch_rows=n), None)
+            if rb is None or rb.num_rows == 0:
+                raise DataError("the DataFrame is empty")
+        else:
+            table = self._selected().limit(n).toArrow()
+            if table.num_rows == 0:
+                raise DataError("the DataFrame is empty")
+            rb = table.combine_chunks().to_batches()[0]
         return self.mapping.batch_from_arrow(rb, f"the driver's sample of the first {rb.num_rows} rows")
 
     def share(self, value: Any) -> Any:
@@ -354,15 +407,16 @@ class DataFrameAdapter(DataAdapter):
         import pyarrow as pa
 
         mapping = self.mapping
+        stage, read = self._stage()
 
         def run(batches: Iterator) -> Iterator:
             from pyspark import TaskContext
 
             pid = TaskContext.get().partitionId()
-            partial = task(pid, mapping.chunks(batches, pid))
+            partial = task(pid, mapping.chunks(read(batches, pid), pid))
             yield pa.RecordBatch.from_arrays([pa.array([partial.to_bytes()], pa.binary())], ["partial"])
 
-        out = self._selected().mapInArrow(run, "partial binary")
+        out = stage.mapInArrow(run, "partial binary")
         with _spark_job(self._sc, description):
             if self.num_partitions() <= DRIVER_MERGE_PARTITIONS:
                 # straight through the JVM to the driver: the stage runs no RDD Python worker
@@ -375,19 +429,38 @@ class DataFrameAdapter(DataAdapter):
         import pyarrow as pa
 
         mapping = self.mapping
+        stage, read = self._stage()
 
         def run(batches: Iterator) -> Iterator:
             from pyspark import BarrierTaskContext
 
             ctx = BarrierTaskContext.get()
-            partial = task(ctx.partitionId(), mapping.chunks(batches, ctx.partitionId()), ctx)
+            pid = ctx.partitionId()
+            partial = task(pid, mapping.chunks(read(batches, pid), pid), ctx)
             yield pa.RecordBatch.from_arrays([pa.array([partial.to_bytes()], pa.binary())], ["partial"])
 
-        out = self._selected().mapInArrow(run, "partial binary", barrier=True)
+        out = stage.mapInArrow(run, "partial binary", barrier=True)
         with _spark_job(self._sc, description):
             return _merge_all(_arrow_partials(out))
 
-    def predict(self, make_model, predict, columns):
+    def _stage(self) -> tuple[Any, Callable[[Iterator, int], Iterator]]:
+        """The DataFrame a stage maps over and how a task turns its input into the data's record
+        batches: the selected columns themselves, or (reading the files) one id per task, whose
+        task reads its pieces."""
+        parts = self._task_parts()
+        if parts is None:
+            return self._selected(), _as_given
+        columns, schema = self.files.columns, self.files.schema  # plain data for the tasks
+        n = len(parts)
+
+        def read(ids: Iterator, pid: int) -> Iterator:
+            for _ in ids:  # read the input to its end: a worker that leaves it unread is not reused
+                pass
+            return read_pieces(parts[pid], columns, schema)
+
+        return self.df.sparkSession.range(0, n, 1, n), read
+
+    def predict(self, make_model, predict, columns):  # appends to the rows: always Spark's reader
         from pyspark.sql import types as T
 
         existing = set(self.df.columns)
@@ -433,6 +506,13 @@ class DataFrameAdapter(DataAdapter):
                 yield rb
 
         return self.df.mapInArrow(run, schema)
+
+
+_UNDECIDED = object()
+
+
+def _as_given(batches: Iterator, pid: int) -> Iterator:
+    return batches
 
 
 # -- in-process arrays (driver-held validation data; fake backend for tests) --------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from ..config import EngineConfig, FitConfig, arguments_doc, split_applicable
-from ..data.adapters import DataAdapter, is_dataframe, is_rdd
+from ..data.adapters import DataAdapter, DataFrameAdapter, is_dataframe, is_rdd
 from ..data.batching import Batch
 from ..data.output import output_columns
 from ..data.transform import BatchTransform
@@ -249,6 +249,7 @@ class SparkModel:
                                   master=sc.master if sc is not None else None, environment=environment)
             self.stats.phases = phases.seconds
             self.stats.prepare = prepared
+            self.stats.data_source = train.source
             with phases("restore"):
                 fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
             cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
@@ -477,7 +478,10 @@ class SparkModel:
         if self._transform is not None:
             data_cfg = self.config.data
             transform = BatchTransform(self._transform, threads=data_cfg.transform_threads, rows=data_cfg.transform_rows)
-        return make_adapter(data, self._model, labelled=labelled, what=what, transform=transform, **self._columns)
+        adapter = make_adapter(data, self._model, labelled=labelled, what=what, transform=transform, **self._columns)
+        if isinstance(adapter, DataFrameAdapter) and self._conf(adapter).data.direct_parquet:
+            adapter = adapter.reading_files()
+        return adapter
 
     def _conf(self, adapter: DataAdapter | None = None) -> EngineConfig:
         """The settings this call runs with (over the data's SparkContext's conf, if any)."""

@@ -48,6 +48,9 @@ class FitStats:
     # the prepare job (sparkdl_train.driver.prepare): tasks, rebuilt, traced, errors, slowest
     # task's seconds; None when it did not run
     prepare: dict[str, Any] | None = None
+    # how the training tasks read their rows: "parquet" (a DataFrame's files, directly: sparkdl_train.data.parquet),
+    # "spark" (Spark's reader), "rdd", "arrays"
+    data_source: str | None = None
 
     def fixed_costs(self) -> dict[str, Any]:
         """Where the fixed cost of this fit went: the driver's set-up phases, the first epoch's
@@ -78,6 +81,7 @@ class FitStats:
             "tls": self.tls,
             "phases": self.phases,
             "prepare": self.prepare,
+            "data_source": self.data_source,
             "epochs": [
                 {
                     "epoch": e.epoch,
