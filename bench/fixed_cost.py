@@ -15,10 +15,11 @@ not counted), and times what a notebook user waits for:
    the first fit timed: what a notebook or job that warms up at its start sees (the Keras run, too,
    has TensorFlow imported before its clock starts).
 
-Each sparkdl_train run prints ``FitStats.fixed_costs()``: the driver's phases before the first
+Each sparkdl_train run prints, per fit, ``FitStats.fixed_costs()``: the driver's phases before the first
 epoch (payload, adapter, preflight, sample check, ...), the first epoch's driver phases
 (broadcast, job, merge) and the slowest task's startup (TensorFlow import, model rebuild, state,
-first batch, first step, first pull). Ratios are against (1), measured in the same invocation;
+first batch, first step, first pull), and the CPU seconds each process spent in the fit (the driver,
+the JVM with its JIT compilers apart, the Python workers; read from ``/proc``). Ratios are against (1), measured in the same invocation;
 the issue's targets: first fit ≤ 1.1x (synchronous), second fit ≤ 1.0x, asynchronous ≤ 1.5x.
 
     python bench/fixed_cost.py --rows 200000
@@ -53,6 +54,51 @@ def run_keras(meta: dict) -> dict:
     return {"fits": [time.perf_counter() - t0]}
 
 
+def _cpu_by_process() -> dict[tuple[str, int], float]:
+    """CPU seconds (user + system) so far of this process ("driver"), each thread of its JVM (JIT
+    compilers apart) and each Python worker below it, read from /proc (Linux; empty elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def stat(path: str) -> tuple[str, int, float] | None:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            return None
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+
+    if not os.path.isdir("/proc/self/task"):
+        return {}
+    procs = {int(p): st for p in os.listdir("/proc") if p.isdigit() and (st := stat(f"/proc/{p}/stat"))}
+    mine, frontier = set(), {os.getpid()}
+    while frontier:  # this process and its descendants
+        mine |= frontier
+        frontier = {pid for pid, (_, ppid, _) in procs.items() if ppid in frontier and pid not in mine}
+    out: dict[tuple[str, int], float] = {}
+    for pid in mine:
+        name, _, cpu = procs[pid]
+        if pid == os.getpid():
+            out[("driver", pid)] = cpu
+        elif name == "java":
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                t = stat(f"/proc/{pid}/task/{tid}/stat")
+                if t is not None:
+                    out[("jvm_jit" if "CompilerThre" in t[0] else "jvm", int(tid))] = t[2]
+        else:
+            out[("python_workers", pid)] = cpu
+    return out
+
+
+def _cpu_spent(before: dict[tuple[str, int], float], after: dict[tuple[str, int], float]) -> dict[str, float]:
+    """Per kind, the CPU seconds between two readings (threads and workers that ended in between are lost)."""
+    spent = {"driver": 0.0, "jvm": 0.0, "jvm_jit": 0.0, "python_workers": 0.0}
+    for key, cpu in after.items():
+        spent[key[0]] += max(0.0, cpu - before.get(key, 0.0))
+    return spent
+
+
 def run_sdt(meta: dict, mode: str, frequency: str, fits: int, share: bool, warm: bool = False,
             conf: dict | None = None) -> dict:
     from sparkdl_train import SparkModel, warm_up
@@ -75,9 +121,11 @@ def run_sdt(meta: dict, mode: str, frequency: str, fits: int, share: bool, warm:
             check.result()
             out["warm_up"] = {"prepare": prepared - started, "left_to_wait": time.perf_counter() - prepared}
         for _ in range(fits):
+            cpu0 = _cpu_by_process()
             t0 = time.perf_counter()
             sm.fit(train, epochs=1, batch_size=BATCH, verbose=0, **columns)
             out["fits"].append(time.perf_counter() - t0)
+            out.setdefault("cpu", []).append(_cpu_spent(cpu0, _cpu_by_process()))
             out["fixed_costs"].append(sm.stats.fixed_costs())
         return out
     finally:
@@ -154,6 +202,8 @@ def main(argv: list[str]) -> None:
                   "left to wait before the fit", flush=True)
         for i, fixed in enumerate(r.get("fixed_costs", [])):
             print(f"{'':>17}fit {i + 1}: {_costs(fixed)}", flush=True)
+            if r.get("cpu"):
+                print(f"{'':>17}       CPU s: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu"][i].items()), flush=True)
     keras_first = results["keras"]["fits"][0]
     wanted = {
         "sync first fit": ("sync", 0),
