@@ -109,6 +109,29 @@ def make_mlp(seed=0, inputs=64, classes=10, lr=0.003):
     return model
 
 
+def epoch_rendezvous(directory, parties, timeout=120.0):
+    """A function for an RDD's tasks that blocks an epoch's task until ``parties`` tasks of that job
+    have called it (a file each in ``directory``), so that their parameter-server sessions overlap
+    whatever each spent before (a cold Python worker importing TensorFlow, a slot still held by an
+    earlier test's task). Tasks of other jobs (the driver's sample) pass straight through. A closure,
+    so that cloudpickle ships it by value (this module is not importable on the workers)."""
+
+    def meet():
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if "epoch" not in (ctx.getLocalProperty("spark.job.description") or ""):
+            return
+        open(os.path.join(directory, f"{ctx.partitionId()}-{ctx.attemptNumber()}"), "w").close()
+        deadline = time.monotonic() + timeout
+        while len(os.listdir(directory)) < parties:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {os.listdir(directory)} of {parties} tasks started")
+            time.sleep(0.01)
+
+    return meet
+
+
 def failing_rdd(sc, x, y, at, message, partition=1):
     """An RDD of (x, y) in two partitions whose `partition` raises RuntimeError(message) at row `at`."""
     rows = list(zip(x, y))

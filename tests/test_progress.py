@@ -244,8 +244,10 @@ def test_stop_training_set_mid_epoch_cancels_that_epoch(sc, big_digits, mode, fr
     x, y = big_digits
 
     class StopSoon(keras.callbacks.Callback):
+        # the driver calls this once per report; a task reports after its first step, then at most every
+        # 0.5 s, and pushes before it reports: at the fourth report one task has pushed (every 2 steps)
         def on_train_batch_end(self, batch, logs=None):
-            if batch >= 1:
+            if batch >= 3:
                 self.model.stop_training = True
 
     model = make_mlp()

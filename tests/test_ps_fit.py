@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import failing_rdd, make_mlp
+from helpers import epoch_rendezvous, failing_rdd, make_mlp
 
 from sparkdl_train import ConfigError, SparkModel, WorkerError, to_simple_rdd
 
@@ -53,18 +53,24 @@ def test_every_mode_and_frequency_within_three_points(sc, digits, reference_accu
     assert ps_threads() == []  # server threads gone after fit
 
 
-def test_staleness_bound_is_recorded(sc, digits):
+def test_staleness_bound_is_recorded(sc, digits, tmp_path):
     x, y, _, _ = digits
     # a skewed split: worker 0 has 4x the data, so without waiting it would run far ahead
     rows = list(zip(x, y))
     cut = len(rows) * 4 // 5
-    rdd = sc.parallelize(range(2), 2).flatMap(lambda i: rows[:cut] if i == 0 else rows[cut:])
+    meet = epoch_rendezvous(str(tmp_path), 2)
+
+    def part(i):
+        meet()  # runs when the task first reads its data: after its model is built
+        return rows[:cut] if i == 0 else rows[cut:]
+
+    rdd = sc.parallelize(range(2), 2).flatMap(part)
     sm = SparkModel(make_mlp(), mode="asynchronous", frequency="batch", num_workers=2, staleness_bound=2)
-    # small batches: the short partition's 23 pushes still overlap the long one's when one task starts a
-    # few tenths of a second after the other (one worker rebuilding the model, the other not)
     sm.fit(rdd, epochs=1, batch_size=16, verbose=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0-0", "1-0"]  # both epoch tasks met
     st = sm.stats.server
     assert st["updates"] == -(-cut // 16) + -(-(len(rows) - cut) // 16)
+    # both sessions are open at once, so the faster worker's pushes land between the other's pull and push
     assert st["max_staleness"] >= 1
 
 
