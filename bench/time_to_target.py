@@ -10,7 +10,8 @@ numeric features, then the 26 field ids, split and cast back to ids inside the m
 2. For each library and mode, in its own process and venv (``--python`` for Elephas, which needs
    tensorflow<2.20, numpy<2, pyspark<=4.0 and is not a dependency of this project), with Spark
    started and its Python workers warmed by one small fit first (sparkdl_train with its worker
-   daemon, ``spark.python.daemon.module``, as its README sets it up): a fresh model is fitted for 1, 2,
+   daemon, ``spark.python.daemon.module``, and ``warm_up(spark)`` at session start, as its README
+   sets it up): a fresh model is fitted for 1, 2,
    ... ``--epochs`` epochs until the AUC on the held-out rows (evaluated on the driver, not timed)
    reaches the target; the time to target is that fit's wall time, fixed costs included.
    sparkdl_train runs on an RDD of ``(x, y)`` (as Elephas does) and on a DataFrame.
@@ -142,6 +143,10 @@ def run_spark(cfg: dict) -> list[dict]:
     x, y, xt, yt, vocab = load(cfg["work"])
     spark = spark_session(lib)
     sc = spark.sparkContext
+    if lib == "sparkdl_train":  # its documented session start (README: Notebook); Elephas has none
+        from sparkdl_train import warm_up
+
+        warm_up(spark, kind="rdd")
     out = []
     try:
         rdd = sc.parallelize(list(zip(x, y)), 2).cache()

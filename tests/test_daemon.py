@@ -16,7 +16,8 @@ def test_preload_reports_failures_and_keeps_stdout_clean(capfd):
 
 def test_session_workers_fork_from_the_preloading_daemon(sc):
     """The test session uses the daemon (as the shipped conf files do): every Python worker is a
-    child of it and has TensorFlow and the executor modules before it runs any task code."""
+    child of it and has TensorFlow and the executor modules before it runs any task code, and
+    the daemon's objects frozen out of the garbage collector's scans (gc.freeze)."""
     assert sc.getConf().get("spark.python.daemon.module") == "sparkdl_train.worker.daemon"
 
     def _worker_facts(index, rows):
@@ -25,13 +26,18 @@ def test_session_workers_fork_from_the_preloading_daemon(sc):
 
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
             parent = f.read().replace(b"\0", b" ").decode()
+        import gc
+
         yield {"pid": os.getpid(), "parent": parent, "tensorflow_loaded": "tensorflow" in sys.modules,
-               "tasks_loaded": "sparkdl_train.worker.tasks" in sys.modules}
+               "tasks_loaded": "sparkdl_train.worker.tasks" in sys.modules,
+               "frozen": gc.get_freeze_count(), "scanned": len(gc.get_objects())}
 
     facts = sc.parallelize(range(4), 4).mapPartitionsWithIndex(_worker_facts).collect()
     assert len(facts) == 4
     for f in facts:
         assert "-m sparkdl_train.worker.daemon" in f["parent"], f
         assert f["tensorflow_loaded"] and f["tasks_loaded"], f
+        # the daemon froze what it imported: the worker's full collections scan only its own objects
+        assert f["frozen"] > 100_000 and f["scanned"] < f["frozen"] // 4, f
         assert f["pid"] != os.getpid()
     assert sys.platform.startswith("linux")

@@ -1,7 +1,9 @@
 """Where a fit's fixed cost goes (FitStats.phases, EpochStats.phases, the tasks' startup), and
 the cut that lets RDD and DataFrame (Arrow) tasks share one Python worker daemon."""
 
+import gc
 import os
+import threading
 import time
 
 import numpy as np
@@ -127,6 +129,31 @@ def test_a_dataframe_adapter_knows_its_partitions_without_planning_the_query(spa
     assert narrower.num_partitions() == 2
 
 
+def test_the_drivers_data_check_runs_the_test_step_eagerly_and_the_fit_still_merges_keras_metrics(sc, digits):
+    """The driver runs a sample batch through the model before any job, without tracing a test
+    function (the executors trace theirs); its compiled metrics are built for the merge."""
+    from helpers import make_mlp
+
+    from sparkdl_train import to_simple_rdd
+
+    x, y, _, _ = digits
+    model = make_mlp()
+    assert model.test_function is None and model.train_function is None
+    sm = SparkModel(model, mode="synchronous", num_workers=2)
+    hist = sm.fit(to_simple_rdd(sc, x[:600], y[:600]), epochs=1, batch_size=32, verbose=0)
+    assert "sample_check" in sm.stats.phases
+    assert model.test_function is None and model.train_function is None  # the driver traced nothing
+    # the epoch's accuracy is the workers' merged metric state, counted over every row
+    loss = model.metrics[0]  # the loss tracker: a sample-weighted mean
+    assert loss.count.numpy() == 600 and hist.history["loss"][0] == pytest.approx(float(loss.result()))
+    assert hist.history["accuracy"][0] == pytest.approx(model.get_metrics_result()["accuracy"])
+    # and a shape the model cannot take is still caught on the driver, before any job
+    from sparkdl_train.errors import DataError
+
+    with pytest.raises(DataError, match=r"does not fit model.*sample batch shapes"):
+        sm.fit(to_simple_rdd(sc, x[:100, :60], y[:100]), epochs=1, verbose=0)
+
+
 def test_narrow_and_wide_dataframe_stages_merge_to_the_same_metrics(spark):
     """Up to DRIVER_MERGE_PARTITIONS partitions the partials go to the driver through the JVM;
     wider stages merge with treeReduce. Both give the metrics of the whole data."""
@@ -170,6 +197,11 @@ def test_the_preflight_runs_in_the_python_workers_the_data_will_use(spark, sc):
     arrow = check.result()
     assert again.result() is arrow and all(r["modules"]["sparkdl_train"]["version"] == "0.1.0" for r in arrow)
     rdd = warm_up(spark, kind="rdd").result()
+    # and on the driver: Keras imported and the objects alive then frozen out of the collector's scans
+    from helpers import wait_until
+
+    wait_until(lambda: not any(t.name == "sparkdl_train-warm-driver" for t in threading.enumerate()), 60, "the driver's warm-up")
+    assert gc.get_freeze_count() > 100_000  # TensorFlow's import alone leaves about 400k
     arrow_daemons, rdd_daemons = {r["ppid"] for r in arrow}, {r["ppid"] for r in rdd}
     assert arrow_daemons.isdisjoint(rdd_daemons), (arrow_daemons, rdd_daemons)
 

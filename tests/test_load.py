@@ -61,7 +61,7 @@ def test_ten_thousand_pushes_from_many_processes_leave_memory_threads_and_speed_
         while any(p.poll() is None for p in procs):
             samples.append((time.perf_counter() - t0, state.stats.updates, rss_mb(), threading.active_count(),
                             len(os.listdir("/proc/self/fd"))))
-            time.sleep(0.25)
+            time.sleep(0.05)  # the run takes 2.5 s on a fast machine: enough samples to judge its trend
             assert time.perf_counter() - t0 < 600, "the load test hung"
         outs = [p.communicate(timeout=30) for p in procs]
         assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]

@@ -10,7 +10,7 @@ from helpers import make_mlp
 from pyspark.sql import functions as F
 
 from sparkdl_train import SparkModel
-from sparkdl_train.data.parquet import Piece, direct_source, read_pieces, split_rows
+from sparkdl_train.data.parquet import ParquetFiles, Piece, direct_source, read_pieces, split_rows
 from sparkdl_train.driver.inputs import make_adapter
 from sparkdl_train.merge import Partial
 
@@ -53,6 +53,29 @@ def test_reader_slices_row_groups_and_casts_to_sparks_arrow_types(tmp_path):
     assert got.column("id").to_pylist() == list(range(90, 205))
     assert got.column("s").to_pylist() == [f"r{i}" for i in range(90, 205)]
     assert got.column("x").to_pylist()[0] == [90.0, -90.0]
+
+
+def test_a_seeded_row_split_puts_every_row_on_exactly_one_side_whatever_the_pieces(tmp_path):
+    paths = [str(tmp_path / f"{i}.parquet") for i in range(2)]
+    for i, (path, n) in enumerate(zip(paths, (700, 300))):
+        pq.write_table(pa.table({"id": pa.array(range(i * 1000, i * 1000 + n), pa.int64())}), path, row_group_size=256)
+    schema = pa.schema([("id", pa.int64())]).serialize().to_pybytes()
+    files = ParquetFiles(tuple((p, tuple(pq.read_metadata(p).row_group(g).num_rows for g in range(pq.read_metadata(p).num_row_groups)))
+                               for p in paths), ("id",), schema)
+
+    def ids(side, parts):
+        return [i for part in side.split(parts) for rb in side.read(part, batch_rows=50) for i in rb.column(0).to_pylist()]
+
+    train, val = files.random_split(0.25, seed=7)
+    t, v = ids(train, 1), ids(val, 1)
+    everything = ids(files, 1)
+    assert sorted(t + v) == everything and not set(t) & set(v)
+    assert abs(len(v) - 250) < 60, len(v)  # each row held out with probability 0.25 (sd 14)
+    # the same rows on each side however the rows are cut into tasks (pieces inside row groups), in order
+    assert ids(train, 7) == t and ids(val, 3) == v
+    # seeded: the same split again, another with another seed
+    assert ids(files.random_split(0.25, seed=7)[1], 2) == v
+    assert ids(files.random_split(0.25, seed=8)[1], 1) != v
 
 
 # -- which DataFrames qualify (Spark) -----------------------------------------------------------
@@ -152,3 +175,22 @@ def test_fit_and_evaluate_on_the_files_match_sparks_reader(spark, digits_parquet
     assert h1 == h2
     assert np.allclose(e1, e2, rtol=1e-6)
     assert e1[1] > 0.7  # accuracy on the training rows after 2 epochs (0.77)
+
+
+def test_validation_split_reads_both_sides_from_the_files_and_validates_on_the_held_out_rows(spark, digits_parquet):
+    """``validation_split`` on files read directly keeps the tasks reading them (no fallback to
+    Spark's reader); the validation loss is single-process Keras' on exactly the held-out rows."""
+    path, _, _ = digits_parquet
+    data = spark.read.parquet(path)
+    model = make_mlp()
+    sm = SparkModel(model, mode="synchronous", frequency="epoch", num_workers=2, seed=5)
+    history = sm.fit(data, epochs=1, batch_size=64, verbose=0, feature_cols="pixels", label_col="label", validation_split=0.2)
+    assert sm.stats.data_source == "parquet"
+    _, held_out = direct_source(data, ["pixels", "label"]).random_split(0.2, seed=5)
+    table = pa.Table.from_batches(list(held_out.read(held_out.split(1)[0])))
+    xv = np.stack(table.column("pixels").to_numpy(zero_copy_only=False)).astype(np.float32)
+    yv = table.column("label").to_numpy()
+    assert 150 < len(yv) < 330 and sm.stats.epochs[0].samples == 1200 - len(yv)
+    loss, acc = model.evaluate(xv, yv, verbose=0)
+    assert history.history["val_loss"][0] == pytest.approx(loss, rel=1e-5)
+    assert history.history["val_accuracy"][0] == pytest.approx(acc, rel=1e-6)

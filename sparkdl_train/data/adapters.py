@@ -15,6 +15,7 @@ the column mapping).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -27,7 +28,7 @@ from ..errors import DataError, FitCancelled, WorkerError
 from ..failures import Cause, classify
 from ..merge import Partial, merge_partials
 from .batching import Batch, num_rows, rows_to_chunks, take_rows, tree_concat
-from .parquet import ParquetFiles, Piece, direct_source, read_pieces
+from .parquet import ParquetFiles, Piece, direct_source
 from .prefetch import ordered_map
 from .spec import STRING, ColumnMapping
 
@@ -327,7 +328,9 @@ class DataFrameAdapter(DataAdapter):
         decided when first needed."""
         if self._files is not None:
             return self
-        return DataFrameAdapter(self.df, self.mapping, self._partitions, read_files=True)
+        clone = copy.copy(self)  # the schema is checked already
+        clone._files, clone._deciding = _UNDECIDED, threading.Lock()
+        return clone
 
     @property
     def files(self) -> ParquetFiles | None:
@@ -378,6 +381,9 @@ class DataFrameAdapter(DataAdapter):
         return self._like(self.df.repartition(n), partitions=n)  # an explicit count: AQE keeps it
 
     def random_split(self, fraction: float, seed: int):
+        if self.files is not None:  # each side read from the files too: a seeded choice of rows per row group
+            a, b = self.files.random_split(fraction, seed)
+            return DataFrameAdapter(self.df, self.mapping, files=a), DataFrameAdapter(self.df, self.mapping, files=b)
         a, b = self.df.randomSplit([1.0 - fraction, fraction], seed=seed)  # partition by partition
         return self._like(a, self._partitions), self._like(b, self._partitions)
 
@@ -390,7 +396,7 @@ class DataFrameAdapter(DataAdapter):
     def sample(self, n: int) -> Batch:
         if self.files is not None:  # the first rows as tasks read them, no job
             f = self.files
-            rb = next(read_pieces(f.split(1)[0], f.columns, f.schema, batch_rows=n), None)
+            rb = next(f.read(f.split(1)[0], batch_rows=n), None)
             if rb is None or rb.num_rows == 0:
                 raise DataError("the DataFrame is empty")
         else:
@@ -450,13 +456,13 @@ class DataFrameAdapter(DataAdapter):
         parts = self._task_parts()
         if parts is None:
             return self._selected(), _as_given
-        columns, schema = self.files.columns, self.files.schema  # plain data for the tasks
+        files = self.files  # plain data for the tasks
         n = len(parts)
 
         def read(ids: Iterator, pid: int) -> Iterator:
             for _ in ids:  # read the input to its end: a worker that leaves it unread is not reused
                 pass
-            return read_pieces(parts[pid], columns, schema)
+            return files.read(parts[pid])
 
         return self.df.sparkSession.range(0, n, 1, n), read
 

@@ -19,6 +19,7 @@ whatever the files' sizes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -44,12 +45,35 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class RowSplit:
+    """One side of a seeded random split of the rows (``validation_split``): each row is on the
+    validation side with probability ``fraction``, decided by a generator seeded with ``seed``, the
+    file's path and the row group, so every task and every epoch sees the same rows on each side,
+    whatever the pieces a split into tasks cuts."""
+
+    seed: int
+    fraction: float
+    validation: bool
+
+    def mask(self, path: str, row_group: int, rows: int) -> Any:
+        """Which of the row group's ``rows`` rows are on this side (a boolean array)."""
+        import zlib
+
+        import numpy as np
+
+        # crc32, not hash(): the same number in every process
+        held_out = np.random.default_rng([self.seed, zlib.crc32(path.encode()), row_group]).random(rows) < self.fraction
+        return held_out if self.validation else ~held_out
+
+
+@dataclass(frozen=True)
 class ParquetFiles:
     """What tasks need to read a DataFrame's Parquet files: plain data, shipped in the stage's closure."""
 
     files: tuple[tuple[str, tuple[int, ...]], ...]  # (local path, rows of each row group), in the scan's order
     columns: tuple[str, ...]
     schema: bytes  # the Arrow schema Spark's conversion gives the columns (serialized)
+    rows: RowSplit | None = None  # only one side of a seeded split of the rows; None: every row
 
     @property
     def num_rows(self) -> int:
@@ -61,6 +85,15 @@ class ParquetFiles:
 
     def split(self, n: int) -> list[list[Piece]]:
         return split_rows(self.files, n)
+
+    def random_split(self, fraction: float, seed: int) -> tuple["ParquetFiles", "ParquetFiles"]:
+        """The (training, validation) sides of a seeded split; together they hold every row once."""
+        return (dataclasses.replace(self, rows=RowSplit(seed, fraction, False)),
+                dataclasses.replace(self, rows=RowSplit(seed, fraction, True)))
+
+    def read(self, pieces: Sequence[Piece], batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
+        """The rows of ``pieces`` this side holds, as :func:`read_pieces` gives them."""
+        return read_pieces(pieces, self.columns, self.schema, batch_rows, rows=self.rows)
 
 
 def split_rows(files: Sequence[tuple[str, Sequence[int]]], n: int) -> list[list[Piece]]:
@@ -88,9 +121,11 @@ def split_rows(files: Sequence[tuple[str, Sequence[int]]], n: int) -> list[list[
     return parts
 
 
-def read_pieces(pieces: Sequence[Piece], columns: Sequence[str], schema: bytes, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
-    """The pieces' rows as record batches of at most ``batch_rows`` rows with ``schema`` (executor side).
-    One row group's batches are decoded at a time, never a whole part."""
+def read_pieces(pieces: Sequence[Piece], columns: Sequence[str], schema: bytes, batch_rows: int = BATCH_ROWS,
+                rows: RowSplit | None = None) -> Iterator[Any]:
+    """The pieces' rows (those on ``rows``' side of a split, if given) as record batches of at most
+    ``batch_rows`` rows with ``schema`` (executor side). One row group's batches are decoded at a
+    time, never a whole part."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -101,6 +136,7 @@ def read_pieces(pieces: Sequence[Piece], columns: Sequence[str], schema: bytes, 
         if pf is None:
             opened.clear()  # one file open at a time
             pf = opened[piece.path] = pq.ParquetFile(piece.path)
+        keep = None if rows is None else rows.mask(piece.path, piece.row_group, pf.metadata.row_group(piece.row_group).num_rows)
         seen = 0
         for rb in pf.iter_batches(batch_size=batch_rows, row_groups=[piece.row_group], columns=list(columns), use_threads=False):
             lo, hi = seen, seen + rb.num_rows
@@ -110,7 +146,12 @@ def read_pieces(pieces: Sequence[Piece], columns: Sequence[str], schema: bytes, 
             if lo >= piece.stop:
                 break
             if lo < piece.start or hi > piece.stop:
-                rb = rb.slice(max(0, piece.start - lo), min(hi, piece.stop) - max(lo, piece.start))
+                lo, hi = max(lo, piece.start), min(hi, piece.stop)
+                rb = rb.slice(lo - (seen - rb.num_rows), hi - lo)
+            if keep is not None:
+                rb = rb.filter(pa.array(keep[lo:hi]))
+                if rb.num_rows == 0:
+                    continue
             yield _conform(rb, target)
 
 

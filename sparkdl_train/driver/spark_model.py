@@ -201,8 +201,7 @@ class SparkModel:
         self._remember_transform(transform, data)
         model = self._model
         with phases("adapter"):
-            train = self._adapter(data, labelled=True, what="data")
-            config = self._conf(train)
+            train, config = self._adapter(data, labelled=True, what="data")
         sc = _spark_context(train)
         # the sample job runs beside the driver's own work; a DataFrame's (a plain query, no code of
         # ours on the executors) even beside the model's serialization
@@ -334,7 +333,7 @@ class SparkModel:
     def _validation(self, train: DataAdapter, validation_data: Any, fit_cfg: FitConfig, config: EngineConfig) -> tuple[DataAdapter, Any]:
         """The training data and the validation adapter (``validation_data``, or a seeded split)."""
         if validation_data is not None:
-            return train, self._adapter(validation_data, labelled=True, what="validation_data")
+            return train, self._adapter(validation_data, labelled=True, what="validation_data", config=config)[0]
         if fit_cfg.validation_split:
             return train.random_split(fit_cfg.validation_split, config.seed)
         return train, None
@@ -373,8 +372,7 @@ class SparkModel:
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         self._remember_transform(transform, data)
         payload = self._payload()
-        adapter = self._adapter(data, labelled=True, what="data")
-        conf = self._conf(adapter)
+        adapter, conf = self._adapter(data, labelled=True, what="data")
         check = self._start_preflight(adapter, conf)
         with _preflight_first(check):
             self._check_sample(adapter, "data")
@@ -413,8 +411,7 @@ class SparkModel:
             self._columns["feature_cols"] = feature_cols
         self._remember_transform(transform, data)
         payload = self._payload()
-        adapter = self._adapter(data, labelled=False, what="data")
-        conf = self._conf(adapter)
+        adapter, conf = self._adapter(data, labelled=False, what="data")
         check = self._start_preflight(adapter, conf)
         with _preflight_first(check):
             sample_x = adapter.sample(_SAMPLE_ROWS)[0]
@@ -473,15 +470,18 @@ class SparkModel:
         self._shipped = (key, payload) if key is not None else None
         return payload
 
-    def _adapter(self, data: Any, labelled: bool, what: str) -> DataAdapter:
+    def _adapter(self, data: Any, labelled: bool, what: str, config: EngineConfig | None = None) -> tuple[DataAdapter, EngineConfig]:
+        """The data's adapter and the settings the call runs with (``config``, or resolved over
+        the data's SparkContext's conf: one read of it per call)."""
         transform = None
         if self._transform is not None:
             data_cfg = self.config.data
             transform = BatchTransform(self._transform, threads=data_cfg.transform_threads, rows=data_cfg.transform_rows)
         adapter = make_adapter(data, self._model, labelled=labelled, what=what, transform=transform, **self._columns)
-        if isinstance(adapter, DataFrameAdapter) and self._conf(adapter).data.direct_parquet:
+        config = config if config is not None else self._conf(adapter)
+        if isinstance(adapter, DataFrameAdapter) and config.data.direct_parquet:
             adapter = adapter.reading_files()
-        return adapter
+        return adapter, config
 
     def _conf(self, adapter: DataAdapter | None = None) -> EngineConfig:
         """The settings this call runs with (over the data's SparkContext's conf, if any)."""
@@ -523,7 +523,7 @@ class SparkModel:
             x, y, w = ahead.result() if ahead is not None else adapter.sample(_SAMPLE_ROWS)
         try:
             with phases("sample_check"):
-                self._model.test_on_batch(x, y, w)
+                _test_step_eagerly(self._model, (x, y, w))
         except Exception as exc:  # noqa: BLE001
             shapes = {
                 "x": [getattr(a, "shape", None) for a in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else [x])],
@@ -568,6 +568,17 @@ def _shipping_key(model: Any, custom_objects: dict[str, Any], safe_mode: bool) -
         )
     except Exception:  # noqa: BLE001 - a model whose config cannot be read is simply re-serialized
         return None
+
+
+def _test_step_eagerly(model: Any, batch: Batch) -> None:
+    """One test step of ``model`` on ``batch``, run eagerly: the data meets the model's inputs,
+    loss and compiled metrics (which their first update builds, as the merge of the workers'
+    metric state needs them) without tracing a test function (``test_on_batch`` traces one, and a
+    symbolic build another pass over the model: 0.1-0.3 s of driver CPU that competes with the
+    executors' prepare tasks on a small machine). The model's own ``test_function`` is left as it
+    was; the metrics are reset before and hold this batch after, as ``test_on_batch`` leaves them."""
+    model.reset_metrics()
+    model.test_step(batch)
 
 
 @contextlib.contextmanager
