@@ -12,7 +12,7 @@ from sparkdl_train.ps import protocol as P
 from sparkdl_train.ps.client import PSClient
 from sparkdl_train.ps.server import ParameterServer
 from sparkdl_train.ps.state import ServerState, SparseRows, _sum_rows
-from sparkdl_train.worker.sparse import Lookahead, TableSync
+from sparkdl_train.worker.sparse import Lookahead, TableSync, unique_ids
 
 TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
 BIAS = np.zeros(4, np.float32)
@@ -203,6 +203,32 @@ def test_table_sync_pushes_touched_rows_and_takes_wanted_rows():
     now = np.asarray(m.weights[t.index].numpy())
     assert (now[[0, 7]] == 9).all() and (now[3] == after[3]).all()
     assert sync.delta(1.0)[t.index].ids.tolist() == []  # nothing touched since
+
+
+@pytest.mark.parametrize("ids, rows", [
+    ([5, 3, 5, 0, 9], 10),  # a small table: the mask
+    ([7, 7, 1_000_000, 2], 2_000_000),  # a large one beside few ids: sorted
+    ([3, 12], 10), ([-1, 4], 10),  # ids outside the table: sorted, left for the lookup to refuse
+    ([], 10),
+])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_unique_ids_are_numpys_unique_whichever_way(ids, rows, dtype):
+    a = np.asarray(ids, dtype)
+    got = unique_ids(a, rows)
+    assert got.tolist() == np.unique(a).tolist() and got.dtype == np.unique(a).dtype
+
+
+def test_tables_read_by_one_input_share_the_wanted_ids():
+    inp = keras.Input((3,), dtype="int32", name="ids")
+    a = keras.layers.Flatten()(keras.layers.Embedding(20, 4, name="embed")(inp))
+    b = keras.layers.Flatten()(keras.layers.Embedding(20, 1, name="linear")(inp))
+    m = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Concatenate()([a, b])))
+    m.compile("sgd", "mse")
+    tables = find_tables(m)
+    assert len(tables) == 2
+    batch = ({"ids": np.array([[4, 4, 9], [1, 9, 0]], np.int32)}, np.zeros(2, np.float32), None)
+    want = TableSync(m, tables).want([batch])
+    assert [want[t.index].tolist() for t in tables] == [[0, 1, 4, 9]] * 2
 
 
 def _sync_rounds(compiled: bool):
