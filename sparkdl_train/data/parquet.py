@@ -137,17 +137,16 @@ def read_pieces(pieces: Sequence[Piece], columns: Sequence[str], schema: bytes, 
             opened.clear()  # one file open at a time
             pf = opened[piece.path] = pq.ParquetFile(piece.path)
         keep = None if rows is None else rows.mask(piece.path, piece.row_group, pf.metadata.row_group(piece.row_group).num_rows)
-        seen = 0
+        end = 0  # the row group's rows decoded so far
         for rb in pf.iter_batches(batch_size=batch_rows, row_groups=[piece.row_group], columns=list(columns), use_threads=False):
-            lo, hi = seen, seen + rb.num_rows
-            seen = hi
-            if hi <= piece.start:
+            first, end = end, end + rb.num_rows  # this batch: rows [first, end) of the row group
+            if end <= piece.start:
                 continue
-            if lo >= piece.stop:
+            if first >= piece.stop:
                 break
-            if lo < piece.start or hi > piece.stop:
-                lo, hi = max(lo, piece.start), min(hi, piece.stop)
-                rb = rb.slice(lo - (seen - rb.num_rows), hi - lo)
+            lo, hi = max(first, piece.start), min(end, piece.stop)  # the piece's share of it
+            if (lo, hi) != (first, end):
+                rb = rb.slice(lo - first, hi - lo)
             if keep is not None:
                 rb = rb.filter(pa.array(keep[lo:hi]))
                 if rb.num_rows == 0:
