@@ -281,3 +281,57 @@ def test_an_rdd_sample_keeps_its_python_worker_where_take_ends_it(sc):
     assert first_rows(sc.parallelize([], 2), 5) == []
     # a partition larger than the drain limit still gives its first rows (its worker ends, as take's)
     assert [r[0] for r in first_rows(tagged(1), 2, drain=10)] == [0, 1]
+
+
+def test_a_model_built_again_trains_on_the_workers_cached_model_and_gets_the_same_result(sc, digits):
+    """The same architecture built again (new layer names) ships the same digest: the workers
+    that trained the first fit train the second on their cached model without tracing, the
+    driver does not rebuild it, and the result equals the first fit's, weights and history."""
+    from helpers import make_mlp
+
+    from sparkdl_train.data.rdd import to_simple_rdd
+
+    x, y, _, _ = digits
+    rdd = to_simple_rdd(sc, x.astype("float32"), y.astype("float32"), 2).cache()
+    runs = []
+    for _ in range(2):
+        sm = SparkModel(make_mlp(seed=31), num_workers=2, worker_threads=1)
+        history = sm.fit(rdd, epochs=2, batch_size=32, verbose=0).history
+        runs.append((sm, history))
+    (a, first), (b, second) = runs
+    assert a.model.layers[0].name != b.model.layers[0].name and a._payload().digest == b._payload().digest
+    trained = {(p["host"], p["pid"]) for e in a.stats.epochs for p in e.partitions.values()}
+    again = [p for p in b.stats.epochs[0].partitions.values() if (p["host"], p["pid"]) in trained]
+    assert again, "no task of the second fit ran in a worker of the first"
+    for info in again:
+        assert info["startup"]["model_cached"] is True and info["startup"]["traced"] is False, info["startup"]
+    for got, want in zip(b.model.get_weights(), a.model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert second.keys() == first.keys()
+    for key, values in second.items():
+        assert values == pytest.approx(first[key], rel=1e-6), key
+
+
+def test_a_persisted_rdd_is_sampled_once_and_others_at_every_fit(sc, monkeypatch):
+    """A persisted RDD holds the same rows at every read: the fits on it take its sample once;
+    an RDD that is not persisted (or no longer) is read again."""
+    from sparkdl_train.data import adapters
+
+    reads = []
+    real = adapters.first_rows
+    monkeypatch.setattr(adapters, "first_rows", lambda rdd, n: reads.append(rdd.id()) or real(rdd, n))
+    rows = [(np.full(3, i, np.float32), np.float32(i % 2)) for i in range(40)]
+    plain = sc.parallelize(rows, 2)
+    kept = sc.parallelize(rows, 2).cache()
+    first = adapters.RDDAdapter(kept).sample(8)
+    again = adapters.RDDAdapter(kept).sample(8)  # another fit's adapter over the same RDD
+    assert reads == [kept.id()] and again is first
+    np.testing.assert_array_equal(first[0], np.stack([r[0] for r in rows[:8]]))
+    assert adapters.RDDAdapter(kept, labelled=False).sample(8)[1] is None and len(reads) == 2  # predict's sample: x only
+    adapters.RDDAdapter(plain).sample(8)
+    adapters.RDDAdapter(plain).sample(8)
+    assert reads[2:] == [plain.id(), plain.id()]
+    kept.unpersist()
+    adapters.RDDAdapter(kept).sample(8)
+    assert reads[4:] == [kept.id()]
+

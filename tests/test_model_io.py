@@ -82,6 +82,61 @@ def test_architecture_digest_ignores_weights(mlp):
     assert serialize_model(mlp(lr=0.1)).digest != a.digest  # compile config is part of it
 
 
+def _functional(units=8, input_name="ids", outputs=1, skip_from_input=False, output_names=None):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((3,), name=input_name)
+    d1 = keras.layers.Dense(3, activation="relu")(inp)
+    d2 = keras.layers.Dense(3)(d1)
+    h = keras.layers.Dense(units, activation="relu")(keras.layers.Add()([inp if skip_from_input else d1, d2]))
+    names = output_names or [None] * outputs
+    outs = [keras.layers.Dense(1, name=names[i])(h) for i in range(outputs)]
+    model = keras.Model(inp, outs if outputs > 1 else outs[0])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    return model
+
+
+def test_a_model_built_again_has_the_same_digest_and_another_architecture_another(monkeypatch):
+    """Layer, model and optimizer names Keras generates (``dense_3``, then ``dense_7``) and the
+    ids of shared objects do not change the digest executors cache models by; anything that
+    changes what the model computes, or how its inputs and several outputs are addressed, does."""
+    from sparkdl_train import model_io
+
+    digest = lambda model: serialize_model(model).digest  # noqa: E731
+    first = serialize_model(_functional())
+    keras.utils.clear_session()  # new ids for the shared dtype policy
+    again = serialize_model(_functional())
+    assert again.archive != first.archive and again.digest == first.digest
+    assert digest(_functional(units=9)) != first.digest
+    assert digest(_functional(input_name="features")) != first.digest  # the key of a dict input
+    assert digest(_functional(skip_from_input=True)) != first.digest  # the same layers wired otherwise
+    # two outputs: their names address dict labels and name metrics, so generated ones differ
+    assert digest(_functional(outputs=2)) != digest(_functional(outputs=2))
+    assert digest(_functional(outputs=2, output_names=["a", "b"])) == digest(_functional(outputs=2, output_names=["a", "b"]))
+    assert digest(_functional(outputs=2, output_names=["a", "b"])) != digest(_functional(outputs=2, output_names=["a", "c"]))
+
+    def scaled(factor):
+        class Scale(keras.layers.Layer):  # a notebook cell redefining a custom layer
+            def call(self, x):
+                return x * factor
+
+        inp = keras.Input((2,))
+        model = keras.Model(inp, keras.layers.Dense(1)(Scale()(inp)))
+        model.compile("adam", "mse")
+        return serialize_model(model, {"Scale": Scale})
+
+    assert scaled(2.0).digest != scaled(3.0).digest  # same config, other code: rebuilt on the executors
+
+    # the driver proves an architecture rebuildable once per process
+    monkeypatch.setattr(model_io, "_rebuilt", set())
+    calls = []
+    real = model_io.load_archive
+    monkeypatch.setattr(model_io, "load_archive", lambda payload: calls.append(payload) or real(payload))
+    serialize_model(_functional())
+    serialize_model(_functional())
+    serialize_model(_functional(units=5))
+    assert len(calls) == 2
+
+
 def test_the_shipped_archive_is_reused_until_the_model_changes():
     """fit, evaluate and predict of one model ship one archive (so executors keep their rebuilt,
     traced model); a recompile or a learning-rate change builds a new one."""

@@ -12,6 +12,7 @@ from helpers import make_mlp
 from sparkdl_train import SparkModel
 from sparkdl_train.data.batching import rebatch, row_signature
 from sparkdl_train.driver.inputs import make_adapter
+from sparkdl_train.driver.prepare import prepare_tasks
 from sparkdl_train.model_io import get_metric_state, load_archive, serialize_model
 from sparkdl_train.worker import runtime
 from sparkdl_train.worker.prepare import PrepareTask
@@ -108,10 +109,10 @@ def test_a_prepared_model_is_the_one_the_first_task_trains_with_and_it_traces_no
     report = PrepareTask(_Ref(payload), StepSettings(batch_size=32), batch, ("train", "test"))(0)
     assert "error" not in report, report
     assert report["cached"] is False and report["traced"] == ["train", "test"]
-    signature = row_signature(batch)
-    assert runtime.is_cached(payload, None, signature) and not runtime.is_cached(payload, None, None)
+    labels = row_signature(batch[1])
+    assert runtime.is_cached(payload, None, labels) and not runtime.is_cached(payload, None, None)
 
-    model = runtime.get_model(payload, None, signature)
+    model = runtime.get_model(payload, None, labels)
     startup = {}
     assert run_steps(model, _stream(x, y, 32), training=True, startup=startup) == (300, 10)
     assert startup["traced"] is False  # the prepare task's trace
@@ -130,15 +131,46 @@ def test_a_model_prepared_for_another_signature_is_rebuilt_not_used(digits, fres
     payload = serialize_model(make_mlp(seed=12))
     guessed = (np.empty((0, 64), np.float32), np.empty((0, 10), np.float32), None)
     PrepareTask(_Ref(payload), StepSettings(batch_size=32), guessed)(0)
-    prepared = runtime.peek_model(payload)
+    assert runtime.peek_model(payload) is None  # built for a guess: no task without labels gets it
+    prepared = runtime.peek_model(payload, None, row_signature(guessed[1]))
     assert [type(m).__name__ for m in prepared._compile_metrics.metrics] == ["CategoricalAccuracy"]
 
-    real = row_signature((x[:1].astype("float32"), y[:1].astype("float32"), None))
+    real = row_signature(y[:1].astype("float32"))
     assert not runtime.is_cached(payload, None, real)
     model = runtime.get_model(payload, None, real)
     assert model is not prepared
     run_steps(model, _stream(x[:100], y[:100].astype("float32"), 32), training=True)
     assert [type(m).__name__ for m in model._compile_metrics.metrics] == ["SparseCategoricalAccuracy"]
+
+
+def test_a_model_built_again_is_served_from_the_cache_unless_it_was_built_for_other_labels(digits, fresh_cache):
+    """A notebook cell that builds the same architecture again ships another archive with the
+    same digest: the worker keeps its rebuilt model and traced step, the new state is applied by
+    the task. A cached model whose metrics were built for other labels is rebuilt."""
+    x, y, _, _ = digits
+    x, y = x[:200], y[:200].astype("float32")
+    first, again = serialize_model(make_mlp(seed=21)), serialize_model(make_mlp(seed=22))
+    assert first.archive != again.archive and first.digest == again.digest
+    labels = row_signature(y[:1])
+    model = runtime.get_model(first, None, labels)
+    run_steps(model, _stream(x, y, 32), training=True)
+    assert runtime.is_cached(again, None, labels) and runtime.get_model(again, None, labels) is model
+    startup = {}
+    run_steps(model, _stream(x, y, 32), training=True, startup=startup)
+    assert startup["traced"] is False
+    assert runtime.get_model(again, None, None) is model  # predict: any labels
+
+    one_hot = row_signature(np.eye(10, dtype=np.float32)[:1])
+    assert not runtime.is_cached(again, None, one_hot)
+    assert runtime.get_model(again, None, one_hot) is not model
+
+
+def test_prepare_jobs_run_two_waves_of_the_slots_bounded_per_worker():
+    """Spark hands a task the longest-idle Python worker and queues a finished one last, so a
+    second wave reaches the idle workers of a pool larger than the slots."""
+    assert prepare_tasks(workers=1, slots=2) == 4 and prepare_tasks(workers=2, slots=2) == 4
+    assert prepare_tasks(workers=2, slots=64) == 8  # at most 4 per worker on a large cluster
+    assert prepare_tasks(workers=16, slots=8) == 16  # never fewer than the workers
 
 
 def test_a_prepare_task_reports_a_model_it_cannot_rebuild_and_never_raises(fresh_cache):
@@ -183,7 +215,7 @@ def test_a_dataframe_fit_trains_on_models_its_prepare_job_built_and_traced(spark
     sm, history = runs[True]
     assert runs[False][0].stats.prepare is None and runs[False][0].stats.phases.get("prepare") is None
     stats = sm.stats.prepare
-    assert stats["finished"] and stats["errors"] == 0 and stats["tasks"] == 2
+    assert stats["finished"] and stats["errors"] == 0 and stats["tasks"] == prepare_tasks(2, spark.sparkContext.defaultParallelism)
     assert stats["traced"] >= 1 and stats["kinds"] == ["test", "train"]
     for info in _first_epoch_on_prepared_workers(sm):
         assert info["startup"]["model_cached"] is True and info["startup"]["traced"] is False, info["startup"]
@@ -224,11 +256,18 @@ def test_rdd_and_allreduce_fits_use_prepared_workers_too(spark, sc, digits):
 
     x, y, _, _ = digits
     rdd = to_simple_rdd(sc, x.astype("float32"), y.astype("float32"), 2)
-    sm = SparkModel(make_mlp(seed=15), num_workers=2, worker_threads=1)
-    sm.fit(rdd, epochs=1, batch_size=32, verbose=0)
-    assert sm.stats.prepare["rebuilt"] >= 1 and sm.stats.prepare["traced"] == 0  # no column types: no signature
+    runs = {}
+    for prepare in (False, True):
+        runs[prepare] = SparkModel(make_mlp(seed=15), num_workers=2, worker_threads=1, prepare_workers=prepare)
+        runs[prepare].fit(rdd, epochs=1, batch_size=32, verbose=0)
+    sm = runs[True]
+    prepared = sm.stats.prepare
+    assert prepared["finished"] and prepared["tasks"] == prepare_tasks(2, sc.defaultParallelism) and prepared["errors"] == 0
+    assert prepared["kinds"] == ["train"]  # no column types: traced for the signature of the driver's sample
     for info in _first_epoch_on_prepared_workers(sm):
-        assert info["startup"]["model_cached"] is True
+        assert info["startup"]["model_cached"] is True and info["startup"]["traced"] is False, info["startup"]
+    for got, want in zip(sm.model.get_weights(), runs[False].model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
     ar = SparkModel(make_mlp(seed=16), mode="allreduce", num_workers=2, worker_threads=1)
     ar.fit(_frame(spark, x, y), epochs=1, batch_size=32, verbose=0, feature_cols="pixels", label_col="label")

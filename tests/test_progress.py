@@ -239,6 +239,22 @@ def test_cancelling_the_job_group_stops_the_fit_and_releases_its_servers(sc, big
     assert len(hist.history["loss"]) == 1
 
 
+def test_cancel_between_two_epochs_stops_the_fit_before_the_next(sc, digits):
+    """Spark cancels only the jobs it is running: SparkModel.cancel() called while no epoch job
+    runs (here from an epoch's end callback, on the fit's own thread) still stops the fit."""
+    x, y, _, _ = digits
+    sm = SparkModel(make_mlp(), mode="asynchronous", frequency=4, num_workers=2)
+
+    class CancelAfterFirst(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            sm.cancel()
+
+    with pytest.raises(FitCancelled, match=r"cancelled \(SparkModel.cancel\) at epoch 2"):
+        sm.fit(to_simple_rdd(sc, x, y), epochs=5, batch_size=32, verbose=0, callbacks=[CancelAfterFirst()])
+    assert len(sm.stats.epochs) == 1 and sm.stats.server["updates"] > 0
+    assert _sdt_threads() == []  # parameter server and report server are gone
+
+
 @pytest.mark.parametrize("mode, frequency", [("synchronous", None), ("asynchronous", 2)])
 def test_stop_training_set_mid_epoch_cancels_that_epoch(sc, big_digits, mode, frequency):
     x, y = big_digits

@@ -231,15 +231,20 @@ def test_tables_read_by_one_input_share_the_wanted_ids():
     assert [want[t.index].tolist() for t in tables] == [[0, 1, 4, 9]] * 2
 
 
-def _sync_rounds(compiled: bool):
-    """Five push/receive rounds of a table sync; ``compiled`` False forces the eager path."""
+def _sync_rounds(compiled: bool, tables: bool = True):
+    """Five push/receive rounds of a table sync; ``compiled`` False forces the eager path;
+    ``tables`` False syncs every weight whole (a model whose ids are computed inside it)."""
     keras.utils.set_random_seed(3)
     m = _two_input_model()
     (t,) = find_tables(m)
-    sync = TableSync(m, [t])
+    sync = TableSync(m, [t] if tables else [])
     if not compiled:
         sync._io = None
     assert (sync._io is not None) == compiled
+    writes = []
+    if compiled:
+        real = sync._io.write
+        sync._io.write = lambda *a: writes.append(1) or real(*a)
     rng = np.random.default_rng(0)
     server = [np.asarray(w.numpy()) for w in m.weights]
     sync.receive(server, None)
@@ -250,17 +255,22 @@ def _sync_rounds(compiled: bool):
         for b in sync.track([batch]):
             m.train_on_batch(*b[:2])
         deltas.append(sync.delta(0.5))
+        if not tables:
+            sync.receive([a + 0.1 * step for a in server], None)
+            continue
         want = sync.want([batch]) if step != 3 else {t.index: np.zeros(0, np.int32)}  # step 3: no rows
         sync.receive([a + 0.1 if i != t.index else a[want[i]] + 0.2 for i, a in enumerate(server)], want)
+    assert len(writes) == (0 if not compiled else 6 if not tables else 5)  # the first receive of whole tables: eager
     return deltas, [np.asarray(w.numpy()) for w in m.weights]
 
 
-def test_the_compiled_push_path_moves_exactly_what_the_eager_one_does():
+@pytest.mark.parametrize("tables", [True, False])
+def test_the_compiled_push_path_moves_exactly_what_the_eager_one_does(tables):
     """A push reads every dense weight and the touched rows, a reply assigns them, in one compiled
     call each (one op dispatch per variable cost a worker about 5 ms per push): same deltas, same
-    weights as assigning variable by variable."""
-    fast, fast_weights = _sync_rounds(compiled=True)
-    slow, slow_weights = _sync_rounds(compiled=False)
+    weights as assigning variable by variable; so does a model with no table, every weight whole."""
+    fast, fast_weights = _sync_rounds(compiled=True, tables=tables)
+    slow, slow_weights = _sync_rounds(compiled=False, tables=tables)
     for a, b in zip(fast, slow):
         for x, y in zip(a, b):
             if isinstance(x, SparseRows):

@@ -78,6 +78,7 @@ class FitMonitor:
         self._secret = new_secret()
         self._tls = new_identity("sparkdl_train report server") if tls and live else None  # only a running server needs one
         self.stop_requested = False
+        self.cancel_requested = False  # cancel() was called: no job of this fit starts after it
         self.reports_received = 0
 
     # -- lifecycle ------------------------------------------------------------------
@@ -106,7 +107,12 @@ class FitMonitor:
                 sc.setLocalProperty(k, v)
 
     def cancel(self) -> None:
-        """Cancel this fit's running Spark jobs (from any thread)."""
+        """Cancel this fit's running Spark jobs (from any thread), and its next ones: Spark cancels
+        only jobs it is running, and between two epochs this fit runs none."""
+        self.cancel_requested = True
+        self._cancel_jobs()
+
+    def _cancel_jobs(self) -> None:
         if self.sc is not None:
             self.sc.cancelJobsWithTag(self.tag)
 
@@ -119,7 +125,10 @@ class FitMonitor:
 
     # -- one epoch --------------------------------------------------------------------
     def run(self, epoch: int, action: Callable[[], T]) -> T:
-        """Run ``action`` (one epoch's Spark job) on a helper thread; meanwhile dispatch live reports."""
+        """Run ``action`` (one epoch's Spark job) on a helper thread; meanwhile dispatch live reports.
+        Raises :class:`FitCancelled` instead when :meth:`cancel` was called before it started, or
+        while it was being submitted (its job may have escaped the cancel; it has ended now)."""
+        self._check_cancelled(epoch)
         start = time.perf_counter()
         tally = EpochTally(epoch, self.workers)
         box: dict[str, Any] = {}
@@ -143,19 +152,24 @@ class FitMonitor:
                 if self.model.stop_training and not self.stop_requested:
                     self.stop_requested = True
                     log.info("epoch %d: stop_training was set during the epoch; cancelling its Spark job", epoch + 1)
-                    self.cancel()
+                    self._cancel_jobs()
             thread.join()
             self._dispatch(tally, timeout=0.0)
         except BaseException:  # Ctrl-C, or a callback raised (TerminateOnNaN(raise_error=True))
-            self.cancel()
+            self._cancel_jobs()
             thread.join(60)
             raise
         error = box.get("error")
         if error is not None:
-            if isinstance(error, FitCancelled) and self.stop_requested:
+            if isinstance(error, FitCancelled) and self.stop_requested and not self.cancel_requested:
                 raise EpochStopped(tally, time.perf_counter() - start) from None
             raise error
+        self._check_cancelled(epoch)
         return box["result"]
+
+    def _check_cancelled(self, epoch: int) -> None:
+        if self.cancel_requested:
+            raise FitCancelled(f"sparkdl_train fit: cancelled (SparkModel.cancel) at epoch {epoch + 1}")
 
     def _thread(self, target: Callable[[], None]) -> threading.Thread:
         if self.sc is not None:

@@ -4,13 +4,16 @@ the driver still prepares the fit (worker side and rationale: :mod:`sparkdl_trai
 ``fit`` starts it once it knows its workers (after planning), beside its sample job, and waits
 for it, bounded, before the first epoch (``FitStats.phases["prepare"]`` is what is left of that
 wait; ``FitStats.prepare`` what the tasks did). It runs in the kind of stage the fit's data runs
-in (DataFrame stages and RDD stages have separate Python worker pools), one task per slot up to
-a bound: Spark hands each new task the longest-idle worker of its pool, so preparing every idle
-worker of a small pool is what makes the epoch's tasks land on prepared ones.
+in (DataFrame stages and RDD stages have separate Python worker pools), two tasks per slot up to
+a bound (:func:`prepare_tasks`): Spark hands each new task the longest-idle worker of its pool,
+so preparing every idle worker of a small pool is what makes the epoch's tasks land on prepared
+ones.
 
-Its tasks trace for a signature guessed from column types; :meth:`PendingPrepare.accepted`
-compares it with the driver's sample, and only a confirmed signature goes to the epoch's tasks,
-which otherwise rebuild (``StepSettings.prepared``).
+Its tasks trace for a signature guessed from column types or, where those tell none (an RDD, a
+transform), the signature of the driver's sample. The epoch's tasks carry the labels' signature
+the driver found in its sample (``StepSettings.labels``) and use a prepared model only when its
+labels were guessed right (:mod:`sparkdl_train.worker.runtime`); :meth:`PendingPrepare.confirms`
+compares the whole signature and logs a wrong guess.
 
 ``spark.sparkdl_train.worker.prepare=false`` (``SparkModel(prepare_workers=False)``) turns it off.
 """
@@ -21,8 +24,10 @@ import json
 import logging
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..data.adapters import DataAdapter
-from ..data.batching import Batch, row_signature
+from ..data.batching import Batch, row_signature, tree_map
 from ..worker.prepare import PrepareTask
 from ..worker.tasks import StepSettings
 from .background import SparkCall
@@ -71,17 +76,18 @@ class PendingPrepare:
             "slowest": max((r.get("seconds", 0.0) for r in self.reports), default=0.0),
         }
 
-    def accepted(self, sample: Batch) -> str | None:
-        """The signature the epoch's tasks may use prepared models under: the traced one when the
-        driver's ``sample`` of the data has it, else ``None`` (they rebuild)."""
+    def confirms(self, sample: Batch) -> bool:
+        """Whether the driver's ``sample`` of the data has the signature the tasks traced for
+        (when they traced): otherwise the epoch's tasks rebuild (a model built for other labels)
+        or trace again (other features), and this says so in the log."""
         if self.signature is None:
-            return None
+            return True
         found = row_signature(sample)
         if found != self.signature:
-            log.info("prepare: the data's batches are %s, not %s as their column types said; the first epoch rebuilds",
-                     found, self.signature)
-            return None
-        return self.signature
+            log.info("prepare: the data's batches are %s, not %s as their column types said; the first epoch rebuilds "
+                     "or traces again", found, self.signature)
+            return False
+        return True
 
     def cancel(self) -> None:
         if self._call is not None:
@@ -93,29 +99,50 @@ def start_prepare(adapter: DataAdapter, payload_ref: Any, settings: StepSettings
     """Start the prepare job for a fit on ``adapter`` with ``workers`` workers, on a helper thread,
     once ``after`` (the fit's sample job) has ended: Spark gives free slots to the job submitted
     first, and a prepare job ahead of the sample holds them until its tasks end, delaying the
-    sample the driver waits for by as long."""
+    sample the driver waits for by as long. Data whose column types tell no signature (an RDD, a
+    transform) is traced for the signature of that sample, rows taken off."""
     sc = adapter.spark_context()
     if sc is None:
         return PendingPrepare(None, None, 0)
-    batch = adapter.empty_batch()
-    tasks = max(workers, min(int(sc.defaultParallelism), TASKS_PER_WORKER * workers))
-    task = PrepareTask(payload_ref, settings, batch, tuple(kinds) if batch is not None else ())
+    guess = adapter.empty_batch()
+    tasks = prepare_tasks(workers, int(sc.defaultParallelism))
     session = adapter.spark_session()
-    if session is not None:
-        frame = session.range(0, tasks, 1, tasks).mapInArrow(_arrow_stage(task), "report string")
 
-        def collect() -> list[str]:
+    def collect(task: PrepareTask) -> list[str]:
+        if session is not None:
+            frame = session.range(0, tasks, 1, tasks).mapInArrow(_arrow_stage(task), "report string")
             return [row[0] for row in frame.collect()]
-    else:
-        collect = sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(_rdd_stage(task)).collect
+        return sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(_rdd_stage(task)).collect()
 
     def job() -> list[str]:
+        batch = guess
         if after is not None:
             after.wait()
-        return collect()
+            if batch is None:
+                batch = _rows_off(after)
+        return collect(PrepareTask(payload_ref, settings, batch, tuple(kinds) if batch is not None else ()))
 
     call = SparkCall(sc, job, "sparkdl_train-prepare", "sparkdl_train fit: preparing the executors' model")
-    return PendingPrepare(call, row_signature(batch) if batch is not None else None, tasks)
+    return PendingPrepare(call, row_signature(guess) if guess is not None else None, tasks)
+
+
+def prepare_tasks(workers: int, slots: int) -> int:
+    """How many prepare tasks a fit with ``workers`` workers runs on a cluster of ``slots`` task
+    slots: two waves of the slots, at most :data:`TASKS_PER_WORKER` per worker. Spark hands each
+    task the longest-idle Python worker of its pool, and a worker's tasks go back to the end of
+    that queue, so the second wave reaches idle workers the first did not (a pool grows past the
+    slots when jobs overlap); on a worker already prepared a task finds the model cached (1 ms)."""
+    return max(workers, min(2 * slots, TASKS_PER_WORKER * workers))
+
+
+def _rows_off(sample: SparkCall) -> Batch | None:
+    """The driver's sample batch with no rows (its signature), or ``None`` if the sample failed
+    (the driver's own check reports why)."""
+    try:
+        x, y, w = sample.result()
+    except Exception:  # noqa: BLE001 - reported by the driver's check of the same sample
+        return None
+    return tree_map(lambda a: np.asarray(a)[:0], (x, y, w))
 
 
 def _rdd_stage(task: PrepareTask) -> Any:

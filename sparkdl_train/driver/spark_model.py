@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 from ..config import EngineConfig, FitConfig, arguments_doc, split_applicable
 from ..data.adapters import DataAdapter, DataFrameAdapter, is_dataframe, is_rdd
-from ..data.batching import Batch
+from ..data.batching import Batch, row_signature
 from ..data.output import output_columns
 from ..data.transform import BatchTransform
 from ..errors import ConfigError, DataError
@@ -233,6 +233,7 @@ class SparkModel:
                         kinds = (engine_cls.step,) + (("test",) if val is not None else ())
                         prepare = start_prepare(train, refs.payload_ref(train), settings, kinds, launch.workers, after=sample)
                 batch = self._check_sample(train, "data", phases, ahead=sample)
+                settings = dataclasses.replace(settings, labels=row_signature(batch[1]))
                 if val is not None:
                     self._check_sample(val, "validation_data", phases)
             with phases("preflight"):  # what is left of the check's time after the driver's preparation
@@ -243,7 +244,7 @@ class SparkModel:
                     prepared = prepare.wait(config.core.preflight_timeout)
                     if not prepared.get("finished"):
                         prepare.cancel()
-                settings = dataclasses.replace(settings, prepared=prepare.accepted(batch))
+                prepare.confirms(batch)
             self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                                   master=sc.master if sc is not None else None, environment=environment)
             self.stats.phases = phases.seconds
@@ -288,7 +289,7 @@ class SparkModel:
     def _run_epochs(self, engine: Engine, loop: "_EpochLoop") -> dict[str, Any]:
         model, fit_cfg, cb, progress = self._model, loop.fit_cfg, loop.callbacks, loop.progress
         s = loop.settings
-        eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy, prepared=s.prepared)
+        eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy, labels=s.labels)
         logs: dict[str, Any] = {}
         for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
             cb.on_epoch_begin(epoch)
@@ -375,10 +376,11 @@ class SparkModel:
         adapter, conf = self._adapter(data, labelled=True, what="data")
         check = self._start_preflight(adapter, conf)
         with _preflight_first(check):
-            self._check_sample(adapter, "data")
+            sample = self._check_sample(adapter, "data")
         if check is not None:
             check.result()
-        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf), nan_policy=conf.data.nan_policy)
+        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf),
+                                nan_policy=conf.data.nan_policy, labels=row_signature(sample[1]))
         refs = SharedRefs(payload)
         try:
             logs = evaluate_logs(self._model, adapter, refs, settings, "sparkdl_train evaluate")

@@ -6,12 +6,14 @@ tracing its step (1.5-2 s per worker on two contended cores). A prepare task doe
 driver is still serializing, planning and sampling; Spark reuses Python workers, so the epoch's
 tasks find the model in :mod:`.runtime`'s cache with its step traced.
 
-The trace needs the batches' signature before any data is read: the driver derives a batch of
-zero rows from the data's column types (:meth:`~sparkdl_train.data.adapters.DataAdapter.empty_batch`).
-Building the compiled metrics from it resolves names such as ``"accuracy"`` from shapes the data
-has not confirmed yet, so such a model is marked (:func:`.runtime.mark_prepared`) and kept only
-by tasks whose settings carry the same signature, the one the driver then finds in its sample.
-Without a signature (RDDs, a transform) the task only rebuilds the model.
+The trace needs the batches' signature: the driver derives a batch of zero rows from the data's
+column types (:meth:`~sparkdl_train.data.adapters.DataAdapter.empty_batch`) before any data is
+read, or takes the rows off its sample of the data where column types tell nothing (an RDD).
+Building the compiled metrics from it resolves names such as ``"accuracy"`` from label shapes the
+data has not confirmed yet, so such a model is marked as built for a guess
+(:func:`.runtime.mark_prepared`) and kept only by tasks whose settings carry the same labels'
+signature, the one the driver then finds in its sample.
+Without a signature (the sample failed) the task only rebuilds the model.
 
 A prepare task never raises: Spark would end the Python worker it ran in, and a model that cannot
 be rebuilt fails the epoch's own tasks with their traceback anyway. It reports what it did.
@@ -65,11 +67,12 @@ class PrepareTask:
     def _prepare(self, device: str | None) -> dict[str, Any]:
         runtime.import_tensorflow()
         value = self.payload.value
+        labels = row_signature(self.batch[1]) if self.batch is not None else None
         t0 = time.perf_counter()
-        model = runtime.peek_model(value, device)
+        model = runtime.peek_model(value, device, labels)  # a model built for these labels, or for any
         cached = model is not None
-        if model is None:
-            model = runtime.get_model(value, device)
+        if model is None:  # marked as built for a guess of the labels: kept only if the data confirms it
+            model = runtime.get_model(value, device, labels, confirmed=False)
         out: dict[str, Any] = {"cached": cached, "rebuild": round(time.perf_counter() - t0, 4), "traced": []}
         if self.batch is None:
             return out
@@ -77,11 +80,10 @@ class PrepareTask:
         if not _compat.compiled_metrics_built(model):
             _compat.symbolic_build(model, self.batch)
             if not _compat.compiled_metrics_built(model):
-                # its first step builds them: tracing here would resolve them for an unconfirmed
-                # signature, unmarked
+                # its first step builds them, from the data's own labels
                 out["trace_skipped"] = "the compiled metrics cannot be built symbolically"
                 return out
-            runtime.mark_prepared(model, row_signature(self.batch))
+            runtime.mark_prepared(model, labels)
         for kind in self.kinds:
             _trace(model, kind, self.batch, self.settings.batch_size)
             out["traced"].append(kind)

@@ -161,7 +161,10 @@ class TableSync:
     def receive(self, arrays: Sequence[np.ndarray], want: dict[int, np.ndarray] | None) -> None:
         """Adopt the server's reply: dense weights whole, tables whole (``want`` None) or the wanted rows."""
         self._dense_base = [arrays[i] for i in self._dense]  # views, valid until the next request
-        if want is None or self._io is None:
+        # one compiled call assigns it all (with no tables: every weight, 0.70 to 0.2 ms a push
+        # for a CTR model of 12 weights); whole tables (no window read ahead) go eagerly
+        compiled = self._io is not None and (want is not None or not self.tables)
+        if not compiled:
             for i in self._dense:
                 self._weights[i].assign(arrays[i])
         for t in self.tables:
@@ -173,13 +176,13 @@ class TableSync:
             ids = want[t.index]
             if got.shape[0] != len(ids):
                 raise ValueError(f"server sent {got.shape[0]} rows of table {t.name!r}, {len(ids)} were asked for")
-            if self._io is None:
+            if not compiled:
                 _scatter(self._vars[t.index], ids, got)
             self._base[t.index][ids] = got
-        if want is not None and self._io is not None:  # one compiled call assigns it all
+        if compiled:
             self._io.write([arrays[i] for i in self._dense],
-                           [_wire_ids(np.asarray(want[t.index]), t.rows) for t in self.tables],
-                           [arrays[t.index] for t in self.tables])
+                           [_wire_ids(np.asarray(want[t.index]), t.rows) for t in self.tables] if want is not None else [],
+                           [arrays[t.index] for t in self.tables] if want is not None else [])
 
 
 _IO_CACHE: "weakref.WeakKeyDictionary[Any, tuple[tuple, _VariableIO]]" = weakref.WeakKeyDictionary()

@@ -57,9 +57,11 @@ class StepSettings:
     seed: int = 0
     threads: int | None = None
     nan_policy: str = "fail"  # see sparkdl_train.data.finite
-    # the batch signature the driver found in the data, under which a model built ahead by a
-    # prepare task (sparkdl_train.worker.prepare) is used; None: such a model is rebuilt
-    prepared: str | None = None
+    # the signature (row_signature) of the labels the driver found in the data's sample: a cached
+    # model whose compiled loss and metrics were built for other labels, or guessed for them by a
+    # prepare task (sparkdl_train.worker.prepare), is rebuilt (sparkdl_train.worker.runtime);
+    # None: no labels
+    labels: str | None = None
 
 
 def peak_rss_mb() -> float:
@@ -133,8 +135,8 @@ def _model(payload: Ref, state: Ref, settings: StepSettings, device: str | None,
     startup["tf_import"] = runtime.take_import_seconds()  # here, or in placed() before this task
     t0 = time.perf_counter()
     value = payload.value
-    startup["model_cached"] = runtime.is_cached(value, device, settings.prepared)
-    model = runtime.get_model(value, device, settings.prepared)
+    startup["model_cached"] = runtime.is_cached(value, device, settings.labels)
+    model = runtime.get_model(value, device, settings.labels)
     t1 = time.perf_counter()
     apply_state(model, state.value)
     startup.update(rebuild=t1 - t0, state=time.perf_counter() - t1)
