@@ -169,6 +169,16 @@ def _missing_custom_object(spark, df):
     SparkModel(model).fit(df, verbose=0)
 
 
+def _missing_custom_object_rdd(spark, df):
+    """An RDD's sample job (its Python reads a partition: here slowly) starts only once the model
+    is shipped: an unshippable model fails at once, with no job left behind."""
+    slow = spark.sparkContext.parallelize(range(2), 2).map(lambda i: (time.sleep(20) or np.zeros(4, np.float32), np.float32(0)))
+    inp = keras.Input((4,), name="features")
+    model = keras.Model(inp, keras.layers.Dense(2, activation="softmax")(Unregistered()(inp)))
+    model.compile("adam", "sparse_categorical_crossentropy")
+    SparkModel(model).fit(slow, verbose=0)
+
+
 @contextlib.contextmanager
 def driver_host(spark, host):
     """spark.sparkdl_train.ps.host set on the running context's conf, for one call."""
@@ -312,6 +322,7 @@ CASES = [
     ("sync PS workers > slots", _sync_ps_more_workers_than_slots, ConfigError, ["5 workers", "offers 2"]),
     ("dynamic allocation with barrier mode", _dynamic_allocation_with_barrier, ConfigError, ["dynamicAllocation"]),
     ("custom layer missing from custom_objects", _missing_custom_object, ModelError, ["Unregistered", "custom_objects"]),
+    ("custom layer missing, RDD data", _missing_custom_object_rdd, ModelError, ["Unregistered", "custom_objects"]),
     ("unbindable driver host", _unbindable_driver_host, ConfigError, ["203.0.113.9", "spark.driver.host"]),
     ("unknown driver host", _unknown_driver_host, ConfigError, ["no-such-host.invalid"]),
     ("wrong secret", _wrong_secret, (net.AuthError, ConnectionError), ["authentication"]),

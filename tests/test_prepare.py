@@ -274,3 +274,40 @@ def test_rdd_and_allreduce_fits_use_prepared_workers_too(spark, sc, digits):
     assert ar.stats.prepare["kinds"] == ["fused"]
     for info in _first_epoch_on_prepared_workers(ar):
         assert info["startup"]["model_cached"] is True and info["startup"]["traced"] is False, info["startup"]
+
+
+class _SampleNotAwaited:
+    """A sample job stand-in that a prepare job must not wait for."""
+
+    def wait(self, timeout=None):
+        raise AssertionError("the prepare job waited for the sample")
+
+    result = wait
+
+
+def test_an_architecture_fitted_before_is_prepared_at_once_for_its_last_signature(sc, digits):
+    """A later fit of an architecture starts its prepare job beside its sample job, for the
+    signature its last fit's sample had (an RDD's column types tell none); one never fitted waits
+    for the sample."""
+    from sparkdl_train.data.rdd import to_simple_rdd
+    from sparkdl_train.driver import prepare
+    from sparkdl_train.driver.session import SharedRefs
+
+    x, y, _, _ = digits
+    rdd = to_simple_rdd(sc, x.astype("float32"), y.astype("float32"), 2)
+    sm = SparkModel(make_mlp(seed=41), num_workers=2, worker_threads=1)
+    sm.fit(rdd, epochs=1, batch_size=32, verbose=0)
+    payload = serialize_model(make_mlp(seed=42))  # built again: the same architecture
+    adapter = make_adapter(rdd, sm.model, labelled=True, what="data")
+    refs = SharedRefs(payload)
+    try:
+        at_once = prepare.start_prepare(adapter, refs.payload_ref(adapter), StepSettings(batch_size=32), ("train",), 2,
+                                        after=_SampleNotAwaited(), digest=payload.digest)
+        report = at_once.wait(120)
+        assert report["finished"] and report["errors"] == 0 and report["kinds"] == ["train"], report
+        assert at_once.signature == row_signature((x[:1].astype("float32"), y[:1].astype("float32"), None))
+        unknown = prepare.start_prepare(adapter, refs.payload_ref(adapter), StepSettings(batch_size=32), ("train",), 2,
+                                        after=_SampleNotAwaited(), digest="never-fitted")
+        assert unknown.wait(120) == {"tasks": unknown.tasks, "finished": False, "error": "AssertionError"}
+    finally:
+        refs.release()

@@ -269,7 +269,13 @@ def test_stop_training_set_mid_epoch_cancels_that_epoch(sc, big_digits, mode, fr
     model = make_mlp()
     before = [w.copy() for w in model.get_weights()]
     sm = SparkModel(model, mode=mode, frequency=frequency, num_workers=2)
-    hist = sm.fit(to_simple_rdd(sc, x, y), epochs=5, batch_size=4, verbose=0, callbacks=[StopSoon()])
+    # rows read slowly (1 ms each: 5.7 s a task) and not shuffled (a shuffle buffer would read the
+    # whole partition before the first step), so that the fourth report comes mid-epoch however fast
+    # the steps (a warm worker's epoch of these rows takes 0.45 s), and a task Spark is told to kill
+    # outlives spark.python.task.killTimeout (2 s: an averaging task talks to no server that could
+    # end it sooner)
+    slow = to_simple_rdd(sc, x, y).map(lambda row: (time.sleep(0.001), row)[1])
+    hist = sm.fit(slow, epochs=5, batch_size=4, shuffle=False, verbose=0, callbacks=[StopSoon()])
     assert len(hist.history["loss"]) == 1
     last = sm.stats.epochs[-1]
     assert last.interrupted and 0 < last.samples < len(x)

@@ -293,3 +293,26 @@ def test_sparse_embeddings_config_is_validated():
     assert EngineConfig.from_spark_conf({"spark.sparkdl_train.ps.sparseEmbeddings": "false"}).sparse_embeddings is False
     with pytest.raises(ConfigError, match="ps.sparseEmbeddings='nope'"):
         EngineConfig.from_spark_conf({"spark.sparkdl_train.ps.sparseEmbeddings": "nope"})
+
+
+def test_a_replys_dense_weights_are_one_flat_view_of_the_receive_buffer():
+    """The compiled path moves the dense weights as one flat vector: a reply's arrays lie back to
+    back in the receive buffer, so the vector is a view of it (no copy); arrays elsewhere are copied."""
+    from sparkdl_train import wire
+    from sparkdl_train.worker.sparse import _VariableIO
+
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    io = _VariableIO.of(m, [0, 1, 2, 3], [])
+    arrays = [np.random.default_rng(i).random(w.shape).astype(np.float32) for i, w in enumerate(m.weights)]
+    _, reply = wire.decode(wire.encode({}, arrays))
+    flat = io.flat_view(reply)
+    assert np.shares_memory(flat, reply[0]) and np.shares_memory(flat, reply[3])
+    np.testing.assert_array_equal(flat, np.concatenate([a.ravel() for a in arrays]))
+    copied = io.flat_view(arrays)
+    assert not np.shares_memory(copied, arrays[0]) and np.array_equal(copied, flat)
+    assert [a.shape for a in io.unflatten(flat)] == [tuple(w.shape) for w in m.weights]
+    io.write(flat, [], [])
+    for w, a in zip(m.weights, arrays):
+        np.testing.assert_array_equal(w.numpy(), a)
+    assert _VariableIO.of(keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, dtype="float64"), keras.layers.Dense(2)]),
+                          [0, 1, 2, 3], []) is None  # dense weights of two dtypes: the eager path

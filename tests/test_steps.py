@@ -7,7 +7,7 @@ from helpers import make_mlp
 
 from sparkdl_train.data.batching import rebatch
 from sparkdl_train.model_io import get_metric_state, load_archive, serialize_model
-from sparkdl_train.worker.steps import compiled_step, open_rows_spec, predict_batches, run_steps
+from sparkdl_train.worker.steps import compiled_step, open_rows_spec, predict_batches, run_steps, traces
 
 
 def _worker_model(**kwargs):
@@ -35,10 +35,9 @@ def test_train_steps_match_keras_fit_and_trace_once_for_every_batch_size(digits)
     for got, want in zip(get_metric_state(model), get_metric_state(reference)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
-    fn = compiled_step(model, "train", (x[:1], y[:1], None))
-    assert fn.experimental_get_tracing_count() == 1  # the short last batch reused the first trace
+    assert traces(model, "train") == 1  # the short last batch reused the first trace
     run_steps(model, _stream(x[:70], y[:70], 16), training=True)  # a later task: other sizes, no trace
-    assert fn.experimental_get_tracing_count() == 1
+    assert traces(model, "train") == 1
     assert int(model.optimizer.iterations.numpy()) == 15
 
 
@@ -52,11 +51,27 @@ def test_test_steps_match_keras_evaluate_and_predict_matches_keras_predict(digit
     assert samples == len(xt)
     got = {k: float(v) for k, v in model.get_metrics_result().items()}
     assert got == pytest.approx(expected, rel=1e-5)
-    assert compiled_step(model, "test", (xt[:1], yt[:1], None)).experimental_get_tracing_count() == 1
+    assert traces(model, "test") == 1
 
     np.testing.assert_allclose(predict_batches(model, xt, 64), model.predict(xt, batch_size=64, verbose=0),
                                rtol=1e-5, atol=1e-6)
-    assert compiled_step(model, "predict", (xt[:1],)).experimental_get_tracing_count() == 1
+    assert traces(model, "predict") == 1
+
+
+def test_a_batch_of_other_dtypes_mid_stream_gets_its_own_trace(digits):
+    """Steps run through the trace's concrete function, which takes one signature: a chunk of
+    other dtypes (RDD rows mixing float64 and float32 arrays) is traced for, not mistyped."""
+    x, y, _, _ = digits
+    x, y = x[:96].astype(np.float32), y[:96]
+    mixed = [(x[:32], y[:32], None), (x[32:64].astype(np.float64), y[32:64], None), (x[64:], y[64:], None)]
+    model = _worker_model()
+    assert run_steps(model, iter(mixed), training=True) == (96, 3)
+    assert traces(model, "train") == 2
+    reference = _worker_model()
+    for xb, yb, _ in mixed:
+        reference.train_on_batch(xb.astype(np.float32), yb)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_recompiled_model_traces_its_new_step():
@@ -68,8 +83,9 @@ def test_a_recompiled_model_traces_its_new_step():
     run_steps(model, _stream(x, y, 16), training=True)
     first = compiled_step(model, "train", (x, y, None))
     model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    assert traces(model, "train") == 0  # a new optimizer: a step of its own, not traced yet
     run_steps(model, _stream(x, y, 16), training=True)
-    assert compiled_step(model, "train", (x, y, None)) is not first
+    assert compiled_step(model, "train", (x, y, None)) is not first and traces(model, "train") == 1
     assert int(model.optimizer.iterations.numpy()) == 3  # the new optimizer stepped
 
 

@@ -64,3 +64,31 @@ def test_forged_descriptor_cannot_read_past_buffer():
     header = json.dumps({"meta": {}, "arrays": [{"dtype": "|O", "shape": [1], "nbytes": 8}]}).encode()
     with pytest.raises(wire.FrameError, match="not allowed"):
         wire.decode(struct.pack("<4sBI", b"SDLT", 1, len(header)) + header + b"\x00" * 8)
+
+
+class _RecordingSocket:
+    def __init__(self):
+        self.sends = []
+
+    def sendall(self, data):
+        self.sends.append(bytes(data))
+
+
+def test_a_frame_joins_its_small_parts_and_sends_large_arrays_from_their_memory():
+    """Small parts (header, biases) travel joined, one send per run of them: sent one by one with
+    TCP_NODELAY, each was a segment and a wake-up of the reader. The bytes are the same frame."""
+    from sparkdl_train import net
+    from sparkdl_train.net import framing
+
+    arrays = [np.ones(3, np.float32), np.arange(40000, dtype=np.float32), np.zeros(2, np.int64), np.full(5, 7.0),
+              np.arange(30000, dtype=np.float64)]
+    sock = _RecordingSocket()
+    n = framing.send(sock, net.Msg.PUSH, {"base_version": 3}, arrays)
+    # header + first bias | large | two small | large
+    assert [len(s) for s in sock.sends][1::2] == [160000, 240000] and len(sock.sends) == 4
+    frame = b"".join(sock.sends)
+    assert len(frame) == n
+    meta, got = wire.decode(frame[framing.HEADER.size:])
+    assert meta == {"base_version": 3}
+    for a, b in zip(arrays, got):
+        np.testing.assert_array_equal(a, b)

@@ -110,7 +110,9 @@ class DataAdapter(ABC):
     source = "arrays"
 
     # whether sample() is a query the driver runs with no code of ours on the executors (a
-    # DataFrame's limit), cheap to cancel: a fit then starts it before serializing the model
+    # DataFrame's limit), cheap to cancel: a fit then starts it before serializing the model (an
+    # RDD's sample job, which reads a whole small partition in Python, gained nothing there: it
+    # took the driver's cores from the serialization)
     sample_first = False
 
     def empty_batch(self) -> Batch | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import numpy as np
@@ -95,16 +96,25 @@ class PendingPrepare:
 
 
 def start_prepare(adapter: DataAdapter, payload_ref: Any, settings: StepSettings, kinds: Sequence[str], workers: int,
-                  after: SparkCall | None = None) -> PendingPrepare:
+                  after: SparkCall | None = None, digest: str | None = None) -> PendingPrepare:
     """Start the prepare job for a fit on ``adapter`` with ``workers`` workers, on a helper thread,
     once ``after`` (the fit's sample job) has ended: Spark gives free slots to the job submitted
     first, and a prepare job ahead of the sample holds them until its tasks end, delaying the
     sample the driver waits for by as long. Data whose column types tell no signature (an RDD, a
-    transform) is traced for the signature of that sample, rows taken off."""
+    transform) is traced for the signature of that sample, rows taken off.
+
+    An architecture (``digest``) fitted before in this process starts at once, for the signature
+    its last fit's sample had (:func:`remember_sample`): its workers most likely hold the model
+    traced, so the tasks take a millisecond each and delay no sample, and its first epoch no longer
+    waits for a prepare job that starts after the sample (0.1 s of a small fit)."""
     sc = adapter.spark_context()
     if sc is None:
         return PendingPrepare(None, None, 0)
     guess = adapter.empty_batch()
+    known = _last_batches.get(digest) if digest is not None else None
+    at_once = known is not None and (guess is None or row_signature(guess) == row_signature(known))
+    if at_once:
+        guess = known
     tasks = prepare_tasks(workers, int(sc.defaultParallelism))
     session = adapter.spark_session()
 
@@ -116,7 +126,7 @@ def start_prepare(adapter: DataAdapter, payload_ref: Any, settings: StepSettings
 
     def job() -> list[str]:
         batch = guess
-        if after is not None:
+        if after is not None and not at_once:
             after.wait()
             if batch is None:
                 batch = _rows_off(after)
@@ -124,6 +134,20 @@ def start_prepare(adapter: DataAdapter, payload_ref: Any, settings: StepSettings
 
     call = SparkCall(sc, job, "sparkdl_train-prepare", "sparkdl_train fit: preparing the executors' model")
     return PendingPrepare(call, row_signature(guess) if guess is not None else None, tasks)
+
+
+# each architecture's (digest's) last sample signature, as a batch of zero rows: start_prepare's
+# guess for its next fit
+_last_batches: "OrderedDict[str, Batch]" = OrderedDict()
+_MAX_REMEMBERED = 16
+
+
+def remember_sample(digest: str, sample: Batch) -> None:
+    """Record the signature of a fit's data (its driver's ``sample``) for the architecture ``digest``."""
+    _last_batches[digest] = tree_map(lambda a: np.asarray(a)[:0], sample)
+    _last_batches.move_to_end(digest)
+    while len(_last_batches) > _MAX_REMEMBERED:
+        _last_batches.popitem(last=False)
 
 
 def prepare_tasks(workers: int, slots: int) -> int:
@@ -139,10 +163,10 @@ def _rows_off(sample: SparkCall) -> Batch | None:
     """The driver's sample batch with no rows (its signature), or ``None`` if the sample failed
     (the driver's own check reports why)."""
     try:
-        x, y, w = sample.result()
+        batch = sample.result()
     except Exception:  # noqa: BLE001 - reported by the driver's check of the same sample
         return None
-    return tree_map(lambda a: np.asarray(a)[:0], (x, y, w))
+    return tree_map(lambda a: np.asarray(a)[:0], batch)
 
 
 def _rdd_stage(task: PrepareTask) -> Any:

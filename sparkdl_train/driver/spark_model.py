@@ -26,7 +26,7 @@ from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
 from .phases import Phases
 from .preflight import PendingCheck
-from .prepare import PendingPrepare, start_prepare
+from .prepare import PendingPrepare, remember_sample, start_prepare
 from .progress import FitProgress
 from .session import SharedRefs
 from .stats import EpochStats, FitStats
@@ -231,8 +231,10 @@ class SparkModel:
                     # the executors rebuild the model and trace its step while the driver samples
                     with phases("prepare_start"):
                         kinds = (engine_cls.step,) + (("test",) if val is not None else ())
-                        prepare = start_prepare(train, refs.payload_ref(train), settings, kinds, launch.workers, after=sample)
+                        prepare = start_prepare(train, refs.payload_ref(train), settings, kinds, launch.workers, after=sample,
+                                                digest=payload.digest)
                 batch = self._check_sample(train, "data", phases, ahead=sample)
+                remember_sample(payload.digest, batch)
                 settings = dataclasses.replace(settings, labels=row_signature(batch[1]))
                 if val is not None:
                     self._check_sample(val, "validation_data", phases)
