@@ -303,10 +303,11 @@ class CoreConfig(_Group):
     prepare_workers: bool = setting(
         "worker.prepare", True, Bool(),
         "Rebuild the model and trace its step on the executors' Python workers while the driver still prepares a "
-        "fit (one short job per fit, after its sample job and beside its checks), so the first epoch's tasks find them "
-        "ready. "
-        "The trace needs the batches' signature from the data's column types (DataFrames without a transform); "
-        "otherwise only the model is rebuilt. docs/performance.md.", argument=False)
+        "fit (one short job per fit, after its sample job and beside its checks; beside the sample job for an "
+        "architecture fitted before), so the first epoch's tasks find them ready. "
+        "The trace is for the batches' signature from the data's column types, or from the driver's sample (RDDs, "
+        "transforms); workers keep the model for every later fit of the same architecture. docs/performance.md.",
+        argument=False)
     share_daemon: bool = setting(
         "worker.shareDaemon", False, Bool(),
         "Give RDD tasks the environment SQL's Arrow tasks get (SPARK_SIMPLIFIED_TRACEBACK=1), so both fork from one "
