@@ -83,10 +83,10 @@ def canonical_config(config: Any) -> Any:
     made equal: a functional or Sequential model's layer names (``dense_3`` in one build,
     ``dense_7`` in the next), where it defines and where it references them, become their
     positions; the model's own name and the optimizer's go; ``shared_object_id`` values (Python
-    object ids) become the order of first appearance. Kept as they are: input layers' names (the keys of dict inputs), output
-    layers' names when there are several (Keras maps dict labels and names metrics by them), and
-    every other value, so two configs that are equal here build models that compute the same
-    function from the same state (layers are positional in that state)."""
+    object ids) become the order of first appearance. Kept as they are: input layers' names (the
+    keys of dict inputs), output layers' names when there are several (Keras maps dict labels and
+    names metrics by them), and every other value, so two configs that are equal here build models
+    that compute the same function from the same state (layers are positional in that state)."""
     config = json.loads(json.dumps(config))  # a copy to rewrite
     ids: dict[Any, int] = {}
 
@@ -134,11 +134,9 @@ def _canonical_layers(node: Any) -> None:
     outputs = _layer_refs(inner.get("output_layers"))
     if len(outputs) > 1 or isinstance(inner.get("output_layers"), dict):
         keep.update(outputs)
-    rename = {}
-    for i, layer in enumerate(layers):
-        name = layer.get("name", (layer.get("config") or {}).get("name"))  # a Sequential's layers: in their config
-        if isinstance(name, str) and name not in keep and layer.get("class_name") != "InputLayer":
-            rename[name] = f"#{i}"
+    names = [layer.get("name", (layer.get("config") or {}).get("name")) for layer in layers]  # a Sequential's: in their config
+    rename = {name: f"#{i}" for i, (name, layer) in enumerate(zip(names, layers))
+              if isinstance(name, str) and name not in keep and layer.get("class_name") != "InputLayer"}
     if not rename:
         return
 
@@ -162,8 +160,7 @@ def _canonical_layers(node: Any) -> None:
             for v in n:
                 history(v)
 
-    for layer in layers:
-        name = layer.get("name", (layer.get("config") or {}).get("name"))
+    for name, layer in zip(names, layers):
         if name in rename:
             if "name" in layer:
                 layer["name"] = rename[name]

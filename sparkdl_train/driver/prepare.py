@@ -25,10 +25,8 @@ import logging
 from collections import OrderedDict
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..data.adapters import DataAdapter
-from ..data.batching import Batch, row_signature, tree_map
+from ..data.batching import Batch, row_signature, take_rows
 from ..worker.prepare import PrepareTask
 from ..worker.tasks import StepSettings
 from .background import SparkCall
@@ -144,7 +142,7 @@ _MAX_REMEMBERED = 16
 
 def remember_sample(digest: str, sample: Batch) -> None:
     """Record the signature of a fit's data (its driver's ``sample``) for the architecture ``digest``."""
-    _last_batches[digest] = tree_map(lambda a: np.asarray(a)[:0], sample)
+    _last_batches[digest] = take_rows(sample, slice(0, 0))
     _last_batches.move_to_end(digest)
     while len(_last_batches) > _MAX_REMEMBERED:
         _last_batches.popitem(last=False)
@@ -166,7 +164,7 @@ def _rows_off(sample: SparkCall) -> Batch | None:
         batch = sample.result()
     except Exception:  # noqa: BLE001 - reported by the driver's check of the same sample
         return None
-    return tree_map(lambda a: np.asarray(a)[:0], batch)
+    return take_rows(batch, slice(0, 0))
 
 
 def _rdd_stage(task: PrepareTask) -> Any:

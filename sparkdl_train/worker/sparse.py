@@ -279,12 +279,7 @@ class _VariableIO:
             origin = np.frombuffer(base, np.uint8).__array_interface__["data"][0]
             if origin <= start and start - origin + total * self.dtype.itemsize <= base.nbytes:
                 return np.frombuffer(base, self.dtype, count=total, offset=start - origin)
-        out = np.empty(total, self.dtype)
-        pos = 0
-        for a, n in zip(arrays, self.sizes):
-            out[pos:pos + n] = a.reshape(-1)
-            pos += n
-        return out
+        return np.concatenate([a.reshape(-1) for a in arrays]).astype(self.dtype, copy=False)
 
     def unflatten(self, flat: np.ndarray) -> list[np.ndarray]:
         """Views of ``flat`` shaped as the dense weights."""
