@@ -124,7 +124,14 @@ def test_worker_reports_reach_batch_callbacks_during_each_epoch(sc, big_digits, 
     x, y = big_digits
     rec = Recorder()
     sm = SparkModel(make_mlp(), mode=mode, frequency=frequency, num_workers=2)
-    hist = sm.fit(to_simple_rdd(sc, x, y), epochs=2, batch_size=16, verbose=0, callbacks=[rec])
+    # a report every 0.05 s (spark.sparkdl_train.progress.interval; 0.5 s by default): a warm
+    # worker's epoch of these rows can take less than 0.5 s, which leaves one running report
+    key = "spark.sparkdl_train.progress.interval"
+    sc._conf.set(key, "0.05")
+    try:
+        hist = sm.fit(to_simple_rdd(sc, x, y), epochs=2, batch_size=16, verbose=0, callbacks=[rec])
+    finally:
+        sc._conf._jconf.remove(key)
     epochs = [i for i, e in enumerate(rec.events) if e[0] == "epoch"]
     assert len(epochs) == 2
     for k, (lo, hi) in enumerate(zip([-1, *epochs[:-1]], epochs)):
