@@ -2,8 +2,9 @@
 each engine; write the measurements to ``OUT/loss.json``. Submitted by tests/test_executor_loss.py
 with ``spark-submit --master spark://... --archives sparkdl_env.tar.gz#environment``.
 
-The training data is a cached DataFrame. A driver-side callback fires on the first live report
-of the second epoch and picks the application's executor with the lowest id:
+The training data is a cached DataFrame, read through a paced ``mapInArrow`` (:func:`paced`). A
+driver-side callback fires on the first live report of the second epoch and picks the
+application's executor with the lowest id:
 
 * ``executor``: SIGKILL to that executor's JVM (its Python daemon and workers die with it, and
   so do the cached partitions it held); the Worker stays, and the Master starts a replacement
@@ -27,7 +28,19 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 EPOCHS = 3
-COPIES = 4  # the digits four times: epochs long enough that the kill lands well inside the second one
+COPIES = 4  # the digits four times
+PACE = (32, 0.01)  # the fit reads its rows 32 at a time, 10 ms apart: an epoch's task runs about 0.9 s
+
+
+def paced(batches):
+    """mapInArrow function between the cached DataFrame and the fit: the rows come slowly, so every
+    epoch's tasks run long after their first live report and the kill lands in a running task (a
+    warm epoch of these rows takes under the report interval, and its only report can be its last)."""
+    rows, pause = PACE
+    for batch in batches:
+        for start in range(0, batch.num_rows, rows):
+            time.sleep(pause)
+            yield batch.slice(start, rows)
 
 
 def _cmdline(pid: int) -> str:
@@ -101,7 +114,7 @@ def make_loss(kind: str, spark, record: dict):
     return Lose()
 
 
-def run_case(spark, df, name, kind, make_sm, n, xt, yt):
+def run_case(spark, data, name, kind, make_sm, n, xt, yt):
     from fault_check import fit_record, listening_sockets, sdt_threads
     from helpers import make_mlp, settle
 
@@ -113,7 +126,7 @@ def run_case(spark, df, name, kind, make_sm, n, xt, yt):
     start = time.monotonic()
     try:
         callbacks = [make_loss(kind, spark, record)] if kind != "none" else []
-        hist = sm.fit(df, epochs=EPOCHS, batch_size=16, verbose=0, feature_cols="features", label_col="label",
+        hist = sm.fit(data, epochs=EPOCHS, batch_size=16, verbose=0, feature_cols="features", label_col="label",
                       callbacks=callbacks)
         out.update(ok=True, epochs=len(hist.history["loss"]),
                    acc=model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"])
@@ -146,6 +159,7 @@ def main(out_dir: str, only: str | None) -> None:
     df = spark.createDataFrame([(r.tolist(), int(label)) for r, label in zip(x, y)], "features array<float>, label long")
     df = df.coalesce(2).cache()
     assert df.count() == len(x)
+    data = df.mapInArrow(paced, df.schema)  # the cache stays below it: a lost executor loses cached partitions
 
     common = dict(num_workers=2, shuffle_buffer_size=256)
     engines = {
@@ -162,10 +176,10 @@ def main(out_dir: str, only: str | None) -> None:
         name = f"{engine}/{kind}"
         if only and name not in only.split(","):
             continue
-        results.append(run_case(spark, df, name, kind, engines[engine], len(x), xt, yt))
+        results.append(run_case(spark, data, name, kind, engines[engine], len(x), xt, yt))
         print("CASE " + json.dumps(results[-1]), flush=True)
     # the session still trains normally after all of it
-    after = run_case(spark, df, "after/none", "none", engines["sync-ps"], len(x), xt, yt)
+    after = run_case(spark, data, "after/none", "none", engines["sync-ps"], len(x), xt, yt)
     with open(os.path.join(out_dir, "loss.json"), "w") as f:
         json.dump({"n": len(x), "cases": results, "after": after}, f)
     spark.stop()
