@@ -283,6 +283,46 @@ def test_an_rdd_sample_keeps_its_python_worker_where_take_ends_it(sc):
     assert [r[0] for r in first_rows(tagged(1), 2, drain=10)] == [0, 1]
 
 
+def test_an_rdd_sample_is_the_jvms_take_where_no_python_task_would_compute_it(spark, sc, monkeypatch):
+    """Where an RDD's first partitions are computed without Python (parallelized from the driver,
+    a shuffle's output, every partition cached), its sample is the JVM's take of pickled frames:
+    no Python task runs (none to keep or lose); the rows are take's, across frames and partitions.
+    Elsewhere (a Python map not cached, a DataFrame's rdd) a Python task reads them."""
+    from sparkdl_train.data.sampling import first_rows, frame_loader, runs_python
+
+    rows = [(np.full(3, i, np.float32), np.float32(i % 2)) for i in range(3000)]
+    plain = sc.parallelize(rows, 2)  # frames of 1024 rows; partition 0 holds 1500
+    frame = spark.range(10).rdd
+    taken = plain.take(5), frame.take(2)
+    jobs = []  # Python tasks run by first_rows (take runs them too)
+    real = sc.runJob
+    monkeypatch.setattr(sc, "runJob", lambda *a, **k: jobs.append(a[0].id()) or real(*a, **k))
+
+    def ids(sample):
+        return [int(r[0][0]) for r in sample]
+
+    assert not runs_python(sc, plain._jrdd)
+    assert ids(first_rows(plain, 5)) == ids(taken[0]) == [0, 1, 2, 3, 4]
+    assert ids(first_rows(plain, 2000)) == list(range(2000))  # three frames, two partitions
+    assert ids(first_rows(plain, 5000)) == list(range(3000))  # all there is
+    assert first_rows(sc.parallelize([], 2), 5) == []
+    shuffled = plain.repartition(3)  # a Python map feeds the shuffle; the stage after it has none
+    assert not runs_python(sc, shuffled._jrdd)
+    got = ids(first_rows(shuffled, 7))
+    assert len(got) == 7 and set(got) <= set(range(3000))
+    mapped = plain.map(lambda r: (r[0] + 1, r[1])).cache()
+    assert runs_python(sc, mapped._jrdd)  # not computed yet
+    assert jobs == []
+    assert ids(first_rows(mapped, 3)) == [1, 2, 3]  # a Python task computes (and caches) partition 0
+    assert len(jobs) == 1
+    mapped.count()
+    assert not runs_python(sc, mapped._jrdd)  # every partition cached
+    assert ids(first_rows(mapped, 3)) == [1, 2, 3] and len(jobs) == 1
+    mapped.unpersist()
+    assert runs_python(sc, frame._jrdd) and frame_loader(frame) is None  # Spark SQL; one frame a partition
+    assert first_rows(frame, 2) == taken[1] and len(jobs) == 2
+
+
 def test_a_model_built_again_trains_on_the_workers_cached_model_and_gets_the_same_result(sc, digits):
     """The same architecture built again (new layer names) ships the same digest: the workers
     that trained the first fit train the second on their cached model without tracing, the

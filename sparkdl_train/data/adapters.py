@@ -31,6 +31,7 @@ from ..merge import Partial, merge_partials
 from .batching import Batch, num_rows, rows_to_chunks, take_rows, tree_concat
 from .parquet import ParquetFiles, Piece, direct_source
 from .prefetch import ordered_map
+from .sampling import first_rows
 from .spec import STRING, ColumnMapping
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,6 @@ BarrierTask = Callable[[int, Iterable[Batch], Any], Partial]
 # a DataFrame stage with at most this many partitions sends its partials to the driver to merge
 # (one state per partition held there at once); a wider one merges them with treeReduce
 DRIVER_MERGE_PARTITIONS = 16
-# a sample job reads on to the end of a partition of at most this many rows (see first_rows)
-SAMPLE_DRAIN_ROWS = 200_000
 
 # the sample of a persisted RDD, by RDD object: it holds the same rows at every read (a lost block
 # is recomputed from its lineage, deterministic by Spark's contract), so the fits on it sample it
@@ -111,8 +110,8 @@ class DataAdapter(ABC):
 
     # whether sample() is a query the driver runs with no code of ours on the executors (a
     # DataFrame's limit), cheap to cancel: a fit then starts it before serializing the model (an
-    # RDD's sample job, which reads a whole small partition in Python, gained nothing there: it
-    # took the driver's cores from the serialization)
+    # RDD's sample job, which could read a whole small partition in Python, gained nothing there:
+    # it took the driver's cores from the serialization)
     sample_first = False
 
     def empty_batch(self) -> Batch | None:
@@ -609,30 +608,3 @@ def is_dataframe(data: Any) -> bool:
 
 def is_rdd(data: Any) -> bool:
     return hasattr(data, "mapPartitionsWithIndex") and hasattr(data, "context")
-
-
-def first_rows(rdd: Any, n: int, drain: int = SAMPLE_DRAIN_ROWS) -> list:
-    """The first ``n`` rows of ``rdd``, like ``rdd.take(n)``, without ending a Python worker.
-
-    A Python task that stops reading its partition early (``take``) cannot hand its worker back to
-    Spark: the worker exits and the next stage forks a new one, which imports TensorFlow again
-    (seconds, with Spark's stock daemon) and has no cached model. So each sample task reads on to
-    the end of its partition when that is at most ``drain`` rows past the sample, and only a larger
-    partition ends its worker, as ``take`` would. Partitions are read one at a time until ``n`` rows
-    are found."""
-    from itertools import islice
-
-    def head(rows: Iterator) -> Iterator:
-        first = list(islice(rows, n))
-        for _ in islice(rows, drain):  # to the end of a partition this small: the worker stays
-            pass
-        yield first
-
-    out: list = []
-    for index in range(rdd.getNumPartitions()):
-        part = rdd.context.runJob(rdd, lambda rows: head(rows), [index])
-        out.extend(part[0][: n - len(out)] if part else [])
-        if len(out) >= n:
-            break
-    return out
-
