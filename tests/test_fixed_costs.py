@@ -375,3 +375,35 @@ def test_a_persisted_rdd_is_sampled_once_and_others_at_every_fit(sc, monkeypatch
     adapters.RDDAdapter(kept).sample(8)
     assert reads[4:] == [kept.id()]
 
+
+def test_a_cached_dataframe_is_sampled_once_per_column_selection(spark, monkeypatch):
+    """A cached DataFrame's sample (a limit query) is taken by its first fit and reused by later
+    fits selecting the same columns; other columns, a DataFrame not cached, or one no longer
+    cached are queried again, and every sample holds the DataFrame's first rows."""
+    from sparkdl_train.data import adapters
+    from sparkdl_train.data.spec import resolve_columns
+
+    queries = []
+    real = adapters.DataFrameAdapter._first_batch
+    monkeypatch.setattr(adapters.DataFrameAdapter, "_first_batch",
+                        lambda self, n: queries.append((id(self.df), self.mapping.columns())) or real(self, n))
+    rows = [([float(i), float(-i)], float(i % 2), float(i)) for i in range(40)]
+    schema = "f array<float>, label float, g float"
+    kept = spark.createDataFrame(rows, schema).coalesce(1).cache()
+    plain = spark.createDataFrame(rows, schema).coalesce(1)
+    on_f, on_g = resolve_columns(None, "f", "label"), resolve_columns(None, "g", "label")
+    first = adapters.DataFrameAdapter(kept, on_f).sample(8)
+    again = adapters.DataFrameAdapter(kept, on_f).sample(8)  # a later fit's adapter
+    assert len(queries) == 1
+    np.testing.assert_array_equal(again[0], first[0])
+    np.testing.assert_array_equal(first[0], np.array([[i, -i] for i in range(8)], np.float32))
+    np.testing.assert_array_equal(first[1].ravel(), np.array([i % 2 for i in range(8)], np.float32))
+    other = adapters.DataFrameAdapter(kept, on_g).sample(8)  # other columns: queried
+    np.testing.assert_array_equal(np.ravel(other[0]), np.arange(8, dtype=np.float32))
+    adapters.DataFrameAdapter(plain, on_f).sample(8)
+    adapters.DataFrameAdapter(plain, on_f).sample(8)
+    assert len(queries) == 4
+    kept.unpersist()
+    adapters.DataFrameAdapter(kept, on_g).sample(8)
+    assert len(queries) == 5
+

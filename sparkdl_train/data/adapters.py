@@ -44,11 +44,25 @@ BarrierTask = Callable[[int, Iterable[Batch], Any], Partial]
 # (one state per partition held there at once); a wider one merges them with treeReduce
 DRIVER_MERGE_PARTITIONS = 16
 
-# the sample of a persisted RDD, by RDD object: it holds the same rows at every read (a lost block
-# is recomputed from its lineage, deterministic by Spark's contract), so the fits on it sample it
-# once (a sample job reads a whole small partition: 0.1-0.2 s for 90k rows); an RDD that is not
-# persisted is sampled again by every fit
-_persisted_samples: "weakref.WeakKeyDictionary[Any, tuple[tuple[int, bool], Batch]]" = weakref.WeakKeyDictionary()
+# the sample of a persisted RDD or DataFrame, by its object: it holds the same rows at every read
+# (a lost block is recomputed from its lineage, deterministic by Spark's contract), so the fits on
+# it sample it once (an RDD's sample job could read a whole small partition, 0.1-0.2 s for 90k
+# rows; a DataFrame's limit query took 0.05-0.15 s beside a later fit's prepare job); data that is
+# not persisted (or no longer) is sampled again by every fit. Keyed by what was sampled: (rows,
+# labelled) for an RDD, (rows, columns) for a DataFrame; the DataFrame's is the Arrow batch.
+_persisted_samples: "weakref.WeakKeyDictionary[Any, tuple[tuple, Any]]" = weakref.WeakKeyDictionary()
+
+
+def _persisted_sample(data: Any, key: tuple, take: Callable[[], Any]) -> Any:
+    """``take()``, or what it gave for ``key`` when ``data`` was persisted then and still is."""
+    persisted = bool(getattr(data, "is_cached", False))  # cache() / persist(), until unpersist()
+    known = _persisted_samples.get(data) if persisted else None
+    if known is not None and known[0] == key:
+        return known[1]
+    value = take()
+    if persisted:
+        _persisted_samples[data] = (key, value)
+    return value
 
 
 def _merge_all(partials: Iterable[Partial]) -> Partial:
@@ -198,20 +212,16 @@ class RDDAdapter(DataAdapter):
         return self._like(a), self._like(b)
 
     def sample(self, n: int) -> Batch:
-        persisted = bool(getattr(self.rdd, "is_cached", False))  # cache() / persist(), until unpersist()
-        known = _persisted_samples.get(self.rdd) if persisted else None
-        if known is not None and known[0] == (n, self.labelled):
-            return known[1]
+        return _persisted_sample(self.rdd, (n, self.labelled), lambda: self._sample(n))
+
+    def _sample(self, n: int) -> Batch:
         rows = first_rows(self.rdd, n)
         if not rows:
             raise DataError("the RDD is empty")
         try:
-            batch = next(rows_to_chunks(rows, n, self.labelled))
+            return next(rows_to_chunks(rows, n, self.labelled))
         except ValueError as exc:
             raise DataError(str(exc)) from None
-        if persisted:
-            _persisted_samples[self.rdd] = ((n, self.labelled), batch)
-        return batch
 
     def share(self, value: Any) -> Any:
         return self.rdd.context.broadcast(value)
@@ -415,11 +425,14 @@ class DataFrameAdapter(DataAdapter):
             if rb is None or rb.num_rows == 0:
                 raise DataError("the DataFrame is empty")
         else:
-            table = self._selected().limit(n).toArrow()
-            if table.num_rows == 0:
-                raise DataError("the DataFrame is empty")
-            rb = table.combine_chunks().to_batches()[0]
+            rb = _persisted_sample(self.df, (n, tuple(self.mapping.columns())), lambda: self._first_batch(n))
         return self.mapping.batch_from_arrow(rb, f"the driver's sample of the first {rb.num_rows} rows")
+
+    def _first_batch(self, n: int) -> Any:
+        table = self._selected().limit(n).toArrow()
+        if table.num_rows == 0:
+            raise DataError("the DataFrame is empty")
+        return table.combine_chunks().to_batches()[0]
 
     def share(self, value: Any) -> Any:
         return self._sc.broadcast(value)
