@@ -10,8 +10,11 @@ TensorFlow again and has no cached model. :func:`first_rows` avoids that two way
 * otherwise a Python task reads its partition to the end (at most ``drain`` rows past the sample),
   so its worker stays.
 
-The JVM path reads one frame (1024 rows of a parallelized RDD) where the Python one read and
-unpickled the whole partition: 0.04-0.1 s against 0.17-0.46 s for 90k rows of 39 floats.
+The JVM path reads one frame where the Python one read and unpickled the whole partition: 0.04-0.1 s
+against 0.17-0.46 s for 90k rows of 39 floats. A frame is at most 1024 rows of data the driver
+itself parallelized, 10 rows after a shuffle (PySpark's ``repartition``), or about 64 KB-640 KB (or
+one larger row) of an auto-batched RDD; serializers with unbounded frames (a whole partition in
+one, as a DataFrame's ``.rdd`` has) take the Python path.
 """
 
 from __future__ import annotations
