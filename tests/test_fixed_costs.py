@@ -283,7 +283,7 @@ def test_an_rdd_sample_keeps_its_python_worker_where_take_ends_it(sc):
     assert [r[0] for r in first_rows(tagged(1), 2, drain=10)] == [0, 1]
 
 
-def test_an_rdd_sample_is_the_jvms_take_where_no_python_task_would_compute_it(spark, sc, monkeypatch):
+def test_an_rdd_sample_is_the_jvms_take_where_no_python_task_would_compute_it(spark, sc, monkeypatch, tmp_path):
     """Where an RDD's first partitions are computed without Python (parallelized from the driver,
     a shuffle's output, every partition cached), its sample is the JVM's take of pickled frames:
     no Python task runs (none to keep or lose); the rows are take's, across frames and partitions.
@@ -320,6 +320,10 @@ def test_an_rdd_sample_is_the_jvms_take_where_no_python_task_would_compute_it(sp
     assert ids(first_rows(mapped, 3)) == [1, 2, 3] and len(jobs) == 1
     mapped.unpersist()
     assert runs_python(sc, frame._jrdd) and frame_loader(frame) is None  # Spark SQL; one frame a partition
+    assert frame_loader(plain.zip(plain)) is None  # pairs of frames
+    lines = tmp_path / "lines.txt"
+    lines.write_text("a\nb\n")
+    assert frame_loader(sc.textFile(str(lines))) is None  # UTF-8 lines
     assert first_rows(frame, 2) == taken[1] and len(jobs) == 2
 
 
