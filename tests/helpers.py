@@ -1,6 +1,7 @@
 """Test helpers shared by the test modules and the check scripts they start (tests/ is on
 ``pythonpath``; a check script run as ``python tests/x_check.py`` finds this module beside it)."""
 
+import contextlib
 import json
 import os
 import socket
@@ -78,6 +79,17 @@ def wait_until(condition, timeout=10.0, what="the condition", interval=0.02):
     if not value:
         raise AssertionError(f"timed out after {timeout} s waiting for {what}")
     return value
+
+
+@contextlib.contextmanager
+def spark_conf(sc, key, value):
+    """``key`` set to ``value`` on the running context's conf (what ``--conf`` would have set),
+    removed again on the way out."""
+    sc._conf.set(key, value)
+    try:
+        yield
+    finally:
+        sc._conf._jconf.remove(key)
 
 
 def digits_split():

@@ -9,7 +9,7 @@ import time
 import keras
 import numpy as np
 import pytest
-from helpers import settle
+from helpers import settle, spark_conf
 
 from sparkdl_train import SparkModel, net
 from sparkdl_train.config import EngineConfig
@@ -182,12 +182,8 @@ def _missing_custom_object_rdd(spark, df):
 @contextlib.contextmanager
 def driver_host(spark, host):
     """spark.sparkdl_train.ps.host set on the running context's conf, for one call."""
-    conf = spark.sparkContext._conf
-    conf.set("spark.sparkdl_train.ps.host", host)
-    try:
+    with spark_conf(spark.sparkContext, "spark.sparkdl_train.ps.host", host):
         yield
-    finally:
-        conf._jconf.remove("spark.sparkdl_train.ps.host")
 
 
 def _unbindable_driver_host(spark, df):

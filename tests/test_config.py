@@ -5,7 +5,7 @@ import pickle
 import re
 
 import pytest
-from helpers import ROOT, make_mlp
+from helpers import ROOT, make_mlp, spark_conf
 
 from sparkdl_train import SparkModel
 from sparkdl_train.config import (
@@ -97,14 +97,10 @@ def test_bad_values_name_the_setting_or_key():
 
 def test_sm_config_shows_the_spark_conf_that_will_run(spark):
     sc = spark.sparkContext
-    key = CONF_PREFIX + "ps.roundTimeout"
-    sc._conf.set(key, "123")  # what spark-submit --conf would have set
-    try:
+    with spark_conf(sc, CONF_PREFIX + "ps.roundTimeout", "123"):  # what spark-submit --conf would have set
         sm = SparkModel(make_mlp(), mode="asynchronous")
         assert sm.config.ps.round_timeout == 123.0 and sm.config.sources["round_timeout"] == "spark conf"
         assert SparkModel(make_mlp(), mode="asynchronous", round_timeout=7).config.ps.round_timeout == 7
-    finally:
-        sc._conf._jconf.remove(key)
     assert SparkModel(make_mlp()).config.ps.round_timeout == 600.0
 
 

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import spark_conf
 
 from sparkdl_train import SparkModel
 from sparkdl_train.driver.phases import TASK_STARTUP, Phases, task_startup
@@ -74,17 +75,15 @@ def test_a_fit_reports_its_fixed_costs_and_can_share_one_daemon_between_rdd_and_
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1, activation="sigmoid")])
     model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
-    key = "spark.sparkdl_train.worker.shareDaemon"
-    sc._conf.set(key, "true")  # what --conf would set; off by default
     try:
-        sm = SparkModel(model, num_workers=2)
-        t0 = time.perf_counter()
-        sm.fit(df, epochs=2, batch_size=64, verbose=0, feature_cols="x", label_col="y", validation_data=df)
-        wall = time.perf_counter() - t0
-        rdd_daemons = set(sc.parallelize(range(2), 2).map(lambda _: os.getppid()).collect())
-        assert sc.environment.get(VARIABLE) == "1"
+        with spark_conf(sc, "spark.sparkdl_train.worker.shareDaemon", "true"):  # off by default
+            sm = SparkModel(model, num_workers=2)
+            t0 = time.perf_counter()
+            sm.fit(df, epochs=2, batch_size=64, verbose=0, feature_cols="x", label_col="y", validation_data=df)
+            wall = time.perf_counter() - t0
+            rdd_daemons = set(sc.parallelize(range(2), 2).map(lambda _: os.getppid()).collect())
+            assert sc.environment.get(VARIABLE) == "1"
     finally:
-        sc._conf._jconf.remove(key)
         sc.environment.pop(VARIABLE, None)  # the rest of the session keeps Spark's two daemons
 
     costs = sm.stats.fixed_costs()

@@ -8,7 +8,7 @@ import time
 import keras
 import numpy as np
 import pytest
-from helpers import make_mlp
+from helpers import make_mlp, spark_conf
 
 from sparkdl_train import SparkModel, net, to_simple_rdd
 from sparkdl_train.driver.reports import EpochTally, Report, ReportServer, parse_report
@@ -126,12 +126,8 @@ def test_worker_reports_reach_batch_callbacks_during_each_epoch(sc, big_digits, 
     sm = SparkModel(make_mlp(), mode=mode, frequency=frequency, num_workers=2)
     # a report every 0.05 s (spark.sparkdl_train.progress.interval; 0.5 s by default): a warm
     # worker's epoch of these rows can take less than 0.5 s, which leaves one running report
-    key = "spark.sparkdl_train.progress.interval"
-    sc._conf.set(key, "0.05")
-    try:
+    with spark_conf(sc, "spark.sparkdl_train.progress.interval", "0.05"):
         hist = sm.fit(to_simple_rdd(sc, x, y), epochs=2, batch_size=16, verbose=0, callbacks=[rec])
-    finally:
-        sc._conf._jconf.remove(key)
     epochs = [i for i, e in enumerate(rec.events) if e[0] == "epoch"]
     assert len(epochs) == 2
     for k, (lo, hi) in enumerate(zip([-1, *epochs[:-1]], epochs)):

@@ -125,7 +125,6 @@ def _jvm_first_rows(rdd: Any, n: int) -> list | None:
     except Exception as exc:  # noqa: BLE001 - a PySpark without these internals: the Python path
         log.debug("sampling %s through the JVM is not possible: %s", rdd, exc)
         return None
-    rows: list = []
     frames = 1
     while True:
         got = list(jrdd.take(frames))  # frames in partition order, the first partitions only
