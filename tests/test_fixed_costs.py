@@ -86,6 +86,7 @@ def test_a_fit_reports_its_fixed_costs_and_can_share_one_daemon_between_rdd_and_
     finally:
         sc.environment.pop(VARIABLE, None)  # the rest of the session keeps Spark's two daemons
 
+    assert sm.stats.sample_source == "query"  # the DataFrame's limit query (not cached, not Parquet files)
     costs = sm.stats.fixed_costs()
     assert {"payload", "adapter", "preflight", "plan", "sample", "sample_check", "start", "stop"} <= set(costs["driver"])
     assert {"broadcast", "job", "merge", "validation", "callbacks"} <= set(costs["first_epoch"])
@@ -95,7 +96,7 @@ def test_a_fit_reports_its_fixed_costs_and_can_share_one_daemon_between_rdd_and_
     assert spent <= wall + 0.01, (spent, wall)  # phases do not overlap
     assert sm.stats.epochs[0].phases["job"] <= sm.stats.epochs[0].seconds
     d = sm.stats.as_dict()
-    assert d["phases"] == sm.stats.phases and d["epochs"][1]["task_startup"] == sm.stats.epochs[1].task_startup
+    assert d["sample_source"] == "query" and d["phases"] == sm.stats.phases and d["epochs"][1]["task_startup"] == sm.stats.epochs[1].task_startup
     # a worker that trained in epoch 1 has the model rebuilt and its step traced when epoch 2 comes
     first = {p["pid"] for p in sm.stats.epochs[0].partitions.values()}
     assert all(p["startup"]["model_cached"] for p in sm.stats.epochs[1].partitions.values() if p["pid"] in first)
@@ -262,7 +263,7 @@ def test_an_rdd_sample_keeps_its_python_worker_where_take_ends_it(sc):
     """A fit's sample of an RDD (first_rows) reads its small partition to the end, so the Python
     worker that ran it goes back to Spark's pool (with TensorFlow and any cached model) instead of
     exiting as it does after ``take``; the rows are take's."""
-    from sparkdl_train.data.adapters import first_rows
+    from sparkdl_train.data.sampling import first_rows
 
     payload = [(v, b"x" * 200) for v in range(100_000)]  # about 20 MB in: more than a task's input buffers
 
@@ -287,7 +288,7 @@ def test_an_rdd_sample_is_the_jvms_take_where_no_python_task_would_compute_it(sp
     a shuffle's output, every partition cached), its sample is the JVM's take of pickled frames:
     no Python task runs (none to keep or lose); the rows are take's, across frames and partitions.
     Elsewhere (a Python map not cached, a DataFrame's rdd) a Python task reads them."""
-    from sparkdl_train.data.sampling import first_rows, frame_loader, runs_python
+    from sparkdl_train.data.sampling import first_rows, frame_loader, read_first_rows, runs_python
 
     rows = [(np.full(3, i, np.float32), np.float32(i % 2)) for i in range(3000)]
     plain = sc.parallelize(rows, 2)  # frames of 1024 rows; partition 0 holds 1500
@@ -302,6 +303,7 @@ def test_an_rdd_sample_is_the_jvms_take_where_no_python_task_would_compute_it(sp
 
     assert not runs_python(sc, plain._jrdd)
     assert ids(first_rows(plain, 5)) == ids(taken[0]) == [0, 1, 2, 3, 4]
+    assert read_first_rows(plain, 1)[1] == "jvm"
     assert ids(first_rows(plain, 2000)) == list(range(2000))  # three frames, two partitions
     assert ids(first_rows(plain, 5000)) == list(range(3000))  # all there is
     assert first_rows(sc.parallelize([], 2), 5) == []
@@ -323,7 +325,7 @@ def test_an_rdd_sample_is_the_jvms_take_where_no_python_task_would_compute_it(sp
     lines = tmp_path / "lines.txt"
     lines.write_text("a\nb\n")
     assert frame_loader(sc.textFile(str(lines))) is None  # UTF-8 lines
-    assert first_rows(frame, 2) == taken[1] and len(jobs) == 2
+    assert read_first_rows(frame, 2) == (taken[1], "python") and len(jobs) == 2
 
 
 def test_a_model_built_again_trains_on_the_workers_cached_model_and_gets_the_same_result(sc, digits):
@@ -361,14 +363,17 @@ def test_a_persisted_rdd_is_sampled_once_and_others_at_every_fit(sc, monkeypatch
     from sparkdl_train.data import adapters
 
     reads = []
-    real = adapters.first_rows
-    monkeypatch.setattr(adapters, "first_rows", lambda rdd, n: reads.append(rdd.id()) or real(rdd, n))
+    real = adapters.read_first_rows
+    monkeypatch.setattr(adapters, "read_first_rows", lambda rdd, n: reads.append(rdd.id()) or real(rdd, n))
     rows = [(np.full(3, i, np.float32), np.float32(i % 2)) for i in range(40)]
     plain = sc.parallelize(rows, 2)
     kept = sc.parallelize(rows, 2).cache()
-    first = adapters.RDDAdapter(kept).sample(8)
-    again = adapters.RDDAdapter(kept).sample(8)  # another fit's adapter over the same RDD
-    assert reads == [kept.id()] and again is first
+    adapter = adapters.RDDAdapter(kept)
+    first = adapter.sample(8)
+    assert adapter.sampled_by == "jvm"  # parallelized from the driver: frames taken by the JVM
+    later = adapters.RDDAdapter(kept)  # another fit's adapter over the same RDD
+    again = later.sample(8)
+    assert reads == [kept.id()] and again is first and later.sampled_by == "kept"
     np.testing.assert_array_equal(first[0], np.stack([r[0] for r in rows[:8]]))
     assert adapters.RDDAdapter(kept, labelled=False).sample(8)[1] is None and len(reads) == 2  # predict's sample: x only
     adapters.RDDAdapter(plain).sample(8)

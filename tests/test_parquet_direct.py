@@ -168,6 +168,7 @@ def test_fit_and_evaluate_on_the_files_match_sparks_reader(spark, digits_parquet
         sm = SparkModel(make_mlp(), mode="synchronous", frequency="epoch", num_workers=2, seed=3, direct_parquet=direct)
         history = sm.fit(data, epochs=2, batch_size=64, verbose=0, feature_cols="pixels", label_col="label", shuffle=False)
         assert sm.stats.data_source == ("parquet" if direct else "spark")
+        assert sm.stats.sample_source == ("files" if direct else "query")  # the first row group, or a limit query
         assert [e.samples for e in sm.stats.epochs] == [1200, 1200]
         results[direct] = (sm.model.get_weights(), history.history, sm.evaluate(data, feature_cols="pixels", label_col="label"))
     (w1, h1, e1), (w2, h2, e2) = results[True], results[False]

@@ -84,3 +84,31 @@ def test_image_job_decodes_png_bytes_on_the_standalone_executors(standalone_clus
         assert python.endswith("/environment/bin/python") and module.startswith(standalone_cluster.work_dir), (python, module)
     assert s["train_images"] + s["test_images"] == 2 * 1797 and s["transform_threads"] == 2
     assert s["test_accuracy"] > 0.5 and s["test_accuracy"] >= s["reference_test_accuracy"] - 0.1, s
+
+
+def test_rdd_fits_on_the_standalone_executors_sample_without_costing_a_python_worker(standalone_cluster, env_archive, tmp_path):
+    """tests/standalone_rdd_job.py: RDD fits (Elephas' parallelized rows, to_simple_rdd's Python
+    flatMap, the same cached) on the Workers' executors from the shipped archive. The sample is
+    the JVM's take where no Python task would compute it (parallelized, every partition cached),
+    Python tasks otherwise, a cached RDD's earlier sample for a later fit; whichever way, no Python
+    worker is lost: every first-epoch task trains on a worker the prepare job built and traced."""
+    conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g"]
+    _, s = spark_submit(standalone_cluster.url, [], tmp_path, conf=conf, archives=env_archive,
+                        job=os.path.join(os.path.dirname(os.path.abspath(__file__)), "standalone_rdd_job.py"))
+    expected = {"parallelized": "jvm", "mapped": "python", "cached": "jvm", "cached_again": "kept"}
+    assert {name: f["sample_source"] for name, f in s["fits"].items()} == expected
+    for name, f in s["fits"].items():
+        assert f["master"] == standalone_cluster.url and f["data_source"] == "rdd", (name, f["master"])
+        assert_ran_on_executors(f["executor_ids"], f["worker_pids"], f["driver_pid"])
+        for _, python, module in f["executor_environment"]:
+            assert python.endswith("/environment/bin/python") and module.startswith(standalone_cluster.work_dir), (python, module)
+        assert f["samples"] == [s["rows"]] * f["epochs"], (name, f["samples"])  # every row once an epoch
+        prepared = {tuple(w) for w in f["prepared_workers"]}
+        for task in f["first_epoch_tasks"]:
+            assert (task["host"], task["pid"]) in prepared, (name, task, prepared)
+            assert task["model_cached"] is True and task["traced"] is False, (name, task)
+        # two workers averaging each epoch: close to single-process Keras after as many epochs
+        assert f["accuracy"] >= s["reference_accuracy"] - 0.05, (name, f["accuracy"], s["reference_accuracy"])
+    # the same rows in the same two partitions, one thread a task: the same training however the RDD was built
+    accuracies = [f["accuracy"] for f in s["fits"].values()]
+    assert max(accuracies) - min(accuracies) < 1e-6, accuracies

@@ -31,7 +31,7 @@ from ..merge import Partial, merge_partials
 from .batching import Batch, num_rows, rows_to_chunks, take_rows, tree_concat
 from .parquet import ParquetFiles, Piece, direct_source
 from .prefetch import ordered_map
-from .sampling import first_rows
+from .sampling import read_first_rows
 from .spec import STRING, ColumnMapping
 
 log = logging.getLogger(__name__)
@@ -53,16 +53,17 @@ DRIVER_MERGE_PARTITIONS = 16
 _persisted_samples: "weakref.WeakKeyDictionary[Any, tuple[tuple, Any]]" = weakref.WeakKeyDictionary()
 
 
-def _persisted_sample(data: Any, key: tuple, take: Callable[[], Any]) -> Any:
-    """``take()``, or what it gave for ``key`` when ``data`` was persisted then and still is."""
+def _persisted_sample(data: Any, key: tuple, take: Callable[[], Any]) -> tuple[Any, bool]:
+    """``(take(), False)``, or ``(what it gave for key, True)`` when ``data`` was persisted then
+    and still is."""
     persisted = bool(getattr(data, "is_cached", False))  # cache() / persist(), until unpersist()
     known = _persisted_samples.get(data) if persisted else None
     if known is not None and known[0] == key:
-        return known[1]
+        return known[1], True
     value = take()
     if persisted:
         _persisted_samples[data] = (key, value)
-    return value
+    return value, False
 
 
 def _merge_all(partials: Iterable[Partial]) -> Partial:
@@ -121,6 +122,12 @@ class DataAdapter(ABC):
 
     # how tasks read the rows (FitStats.data_source)
     source = "arrays"
+
+    # how the last sample() read its rows (FitStats.sample_source): "jvm" (an RDD's pickled frames
+    # taken by the JVM, no Python task), "python" (Python tasks read an RDD's first partitions),
+    # "query" (a DataFrame's limit query), "files" (a DataFrame's first Parquet row group, read
+    # by the driver), "kept" (a persisted dataset's earlier sample), "arrays"; None before any
+    sampled_by: str | None = None
 
     # whether sample() is a query the driver runs with no code of ours on the executors (a
     # DataFrame's limit), cheap to cancel: a fit then starts it before serializing the model (an
@@ -212,10 +219,13 @@ class RDDAdapter(DataAdapter):
         return self._like(a), self._like(b)
 
     def sample(self, n: int) -> Batch:
-        return _persisted_sample(self.rdd, (n, self.labelled), lambda: self._sample(n))
+        batch, kept = _persisted_sample(self.rdd, (n, self.labelled), lambda: self._sample(n))
+        if kept:
+            self.sampled_by = "kept"
+        return batch
 
     def _sample(self, n: int) -> Batch:
-        rows = first_rows(self.rdd, n)
+        rows, self.sampled_by = read_first_rows(self.rdd, n)
         if not rows:
             raise DataError("the RDD is empty")
         try:
@@ -420,12 +430,14 @@ class DataFrameAdapter(DataAdapter):
 
     def sample(self, n: int) -> Batch:
         if self.files is not None:  # the first rows as tasks read them, no job
+            self.sampled_by = "files"
             f = self.files
             rb = next(f.read(f.split(1)[0], batch_rows=n), None)
             if rb is None or rb.num_rows == 0:
                 raise DataError("the DataFrame is empty")
         else:
-            rb = _persisted_sample(self.df, (n, tuple(self.mapping.columns())), lambda: self._first_batch(n))
+            rb, kept = _persisted_sample(self.df, (n, tuple(self.mapping.columns())), lambda: self._first_batch(n))
+            self.sampled_by = "kept" if kept else "query"
         return self.mapping.batch_from_arrow(rb, f"the driver's sample of the first {rb.num_rows} rows")
 
     def _first_batch(self, n: int) -> Any:
@@ -583,6 +595,7 @@ class ArrayAdapter(DataAdapter):
         return self._like(take_rows(self.data, perm[:cut])), self._like(take_rows(self.data, perm[cut:]))
 
     def sample(self, n: int) -> Batch:
+        self.sampled_by = "arrays"
         if self.n == 0:
             raise DataError("the arrays are empty")
         return take_rows(self.data, slice(0, n))

@@ -36,10 +36,16 @@ _MAX_WALK = 200
 
 def first_rows(rdd: Any, n: int, drain: int = SAMPLE_DRAIN_ROWS) -> list:
     """The first ``n`` rows of ``rdd``, as ``rdd.take(n)`` gives them, ending no Python worker."""
+    return read_first_rows(rdd, n, drain)[0]
+
+
+def read_first_rows(rdd: Any, n: int, drain: int = SAMPLE_DRAIN_ROWS) -> tuple[list, str]:
+    """:func:`first_rows` and how they were read: ``"jvm"`` (the JVM's take of pickled frames, no
+    Python task) or ``"python"`` (Python tasks that read their partitions to the end)."""
     rows = _jvm_first_rows(rdd, n)
     if rows is not None:
-        return rows
-    return _python_first_rows(rdd, n, drain)
+        return rows, "jvm"
+    return _python_first_rows(rdd, n, drain), "python"
 
 
 def _python_first_rows(rdd: Any, n: int, drain: int) -> list:

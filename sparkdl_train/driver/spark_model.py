@@ -212,6 +212,7 @@ class SparkModel:
         # the executors' check (their Python workers, TensorFlow imports) runs while the driver prepares
         check = self._start_preflight(train, config)
         sample = sample or self._start_sample(train)
+        sampled = train  # the adapter the sample reads (train becomes its split / repartitioned form)
         refs = SharedRefs(payload)
         prepare: PendingPrepare | None = None
         try:
@@ -252,6 +253,7 @@ class SparkModel:
             self.stats.phases = phases.seconds
             self.stats.prepare = prepared
             self.stats.data_source = train.source
+            self.stats.sample_source = sampled.sampled_by
             with phases("restore"):
                 fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
             cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,

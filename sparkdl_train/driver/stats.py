@@ -51,6 +51,9 @@ class FitStats:
     # how the training tasks read their rows: "parquet" (a DataFrame's files, directly: sparkdl_train.data.parquet),
     # "spark" (Spark's reader), "rdd", "arrays"
     data_source: str | None = None
+    # how the driver read its sample of the training data (DataAdapter.sampled_by): "jvm", "python",
+    # "query", "files", "kept", "arrays"
+    sample_source: str | None = None
 
     def fixed_costs(self) -> dict[str, Any]:
         """Where the fixed cost of this fit went: the driver's set-up phases, the first epoch's
@@ -82,6 +85,7 @@ class FitStats:
             "phases": self.phases,
             "prepare": self.prepare,
             "data_source": self.data_source,
+            "sample_source": self.sample_source,
             "epochs": [
                 {
                     "epoch": e.epoch,
