@@ -11,6 +11,17 @@ import pytest
 from helpers import REFERENCE_EPOCHS, ROOT, digits_split, make_mlp
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _spark_scratch(tmp_path_factory):
+    """Spark's scratch (block manager, broadcast and shuffle files) under this run's pytest
+    directory instead of /tmp, for every JVM the tests start (sessions, spark-submit, local-cluster):
+    a run that is killed leaves it where pytest's rotation of old runs removes it (stale Spark
+    scratch in /tmp once filled the disk, docs/testing.md)."""
+    if "SPARK_LOCAL_DIRS" not in os.environ:
+        os.environ["SPARK_LOCAL_DIRS"] = str(tmp_path_factory.mktemp("spark-scratch"))
+    yield os.environ["SPARK_LOCAL_DIRS"]
+
+
 @pytest.fixture(scope="session")
 def standalone_cluster(tmp_path_factory):
     """A Spark standalone Master and two Workers (1 core, 2 GiB each) on 127.0.0.1, for the session."""
