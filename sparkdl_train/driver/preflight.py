@@ -148,8 +148,9 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
 
     if timeout is None:
         from ..config import EngineConfig
+        from .spark_conf import conf_values
 
-        cfg = EngineConfig.resolve(dict(sc.getConf().getAll()))
+        cfg = EngineConfig.resolve(conf_values(sc))
         if not cfg.core.preflight:
             return []
         timeout = cfg.core.preflight_timeout

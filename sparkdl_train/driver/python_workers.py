@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .spark_conf import conf_values
+
 log = logging.getLogger(__name__)
 
 VARIABLE = "SPARK_SIMPLIFIED_TRACEBACK"
@@ -35,7 +37,7 @@ def share_python_workers(sc: Any) -> bool:
     env = getattr(sc, "environment", None)
     if env is None:
         return False
-    wanted = sql_environment(dict(sc.getConf().getAll()))
+    wanted = sql_environment(conf_values(sc, [SQL_SETTING]))
     missing = {k: v for k, v in wanted.items() if env.get(k) != v}
     if not missing:
         return False

@@ -29,6 +29,7 @@ from .preflight import PendingCheck
 from .prepare import PendingPrepare, remember_sample, start_prepare
 from .progress import FitProgress
 from .session import SharedRefs
+from .spark_conf import conf_values
 from .stats import EpochStats, FitStats
 
 log = logging.getLogger(__name__)
@@ -516,7 +517,7 @@ class SparkModel:
             return None
         if sc.master.startswith("local"):
             return max(1, sc.defaultParallelism // max(1, workers))
-        return int(sc.getConf().get("spark.task.cpus", "1"))
+        return int(conf_values(sc, ["spark.task.cpus"]).get("spark.task.cpus", "1"))
 
     def _check_sample(self, adapter: DataAdapter, what: str, phases: Phases | None = None, ahead: SparkCall | None = None) -> Batch:
         """Run a few rows through the driver model: catches shape/label problems before
@@ -612,7 +613,7 @@ def _preflight_first(check: PendingCheck | None) -> Iterator[None]:
 
 
 def _resolve(sc: Any, overrides: dict[str, Any]) -> EngineConfig:
-    return EngineConfig.resolve(dict(sc.getConf().getAll()) if sc is not None else {}, **overrides)
+    return EngineConfig.resolve(conf_values(sc) if sc is not None else {}, **overrides)
 
 
 def _not_data(method: str, name: str, value: Any) -> None:

@@ -48,6 +48,7 @@ from ..executors import locate
 from ..monitor import FitMonitor
 from ..phases import Phases
 from ..session import SharedRefs
+from ..spark_conf import conf_values
 from ..stats import EpochStats
 
 log = logging.getLogger(__name__)
@@ -121,13 +122,14 @@ def default_workers(sc: Any, train: DataAdapter) -> int:
 def use_tls(config: EngineConfig, sc: Any) -> bool:
     """Whether this fit's sockets use TLS (``spark.sparkdl_train.network.tls``; ``auto`` follows
     Spark's own encryption and authentication settings)."""
-    conf = dict(sc.getConf().getAll()) if sc is not None else {}
+    conf = conf_values(sc, tls.SPARK_SECURITY_KEYS) if sc is not None and config.core.tls == "auto" else {}
     return tls.wanted(config.core.tls, conf)
 
 
 def driver_host(config: EngineConfig, sc: Any) -> str:
     """The address driver-side servers bind and executors connect to."""
-    return config.core.host or (sc.getConf().get("spark.driver.host") if sc is not None else None) or socket.gethostname()
+    return config.core.host or (conf_values(sc, ["spark.driver.host"]).get("spark.driver.host") if sc is not None else None) \
+        or socket.gethostname()
 
 
 def evaluate_logs(model: Any, adapter: DataAdapter, refs: SharedRefs, settings: StepSettings, description: str) -> dict[str, float]:
