@@ -1,9 +1,11 @@
 """Driver side of the prepare job: the executors rebuild a fit's model and trace its step while
 the driver still prepares the fit (worker side and rationale: :mod:`sparkdl_train.worker.prepare`).
 
-``fit`` starts it once it knows its workers (after planning), beside its sample job, and waits
-for it, bounded, before the first epoch (``FitStats.phases["prepare"]`` is what is left of that
-wait; ``FitStats.prepare`` what the tasks did). It runs in the kind of stage the fit's data runs
+``fit`` starts it once it knows its workers (after planning), beside its sample job, and lets
+the first epoch go on once it is submitted (:meth:`PendingPrepare.go_ahead`,
+``FitStats.phases["prepare"]`` is that wait): the epoch's tasks queue behind its tasks in Spark's
+scheduler; it is cancelled if it has not ended within the preflight timeout, and collected after
+the epochs (``FitStats.prepare``: what the tasks did). It runs in the kind of stage the fit's data runs
 in (DataFrame stages and RDD stages have separate Python worker pools), two tasks per slot up to
 a bound (:func:`prepare_tasks`): Spark hands each new task the longest-idle worker of its pool,
 so preparing every idle worker of a small pool is what makes the epoch's tasks land on prepared
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -41,11 +44,40 @@ TASKS_PER_WORKER = 4
 class PendingPrepare:
     """A prepare job under way (:func:`start_prepare`)."""
 
-    def __init__(self, call: SparkCall | None, signature: str | None, tasks: int):
+    def __init__(self, call: SparkCall | None, signature: str | None, tasks: int, submitted: threading.Event | None = None):
         self._call = call
+        self._submitted = submitted  # set just before the job is submitted (or once it cannot be)
+        self._deadline: threading.Timer | None = None
         self.signature = signature  # what its tasks traced for; None: they only rebuild
         self.tasks = tasks
         self.reports: list[dict[str, Any]] = []
+
+    def go_ahead(self, timeout: float) -> None:
+        """Let the fit's first epoch go on once this job is submitted (waiting up to ``timeout``
+        seconds for that), not once it has ended: Spark's FIFO scheduler gives the job submitted
+        first the free slots, so the epoch's tasks start as these end, without the driver's round
+        trip between the two jobs. The job is cancelled if it has not ended ``timeout`` seconds
+        from now (its tasks would hold the epoch's slots); :meth:`finish` collects it."""
+        if self._call is None:
+            return
+        if self._submitted is not None:
+            self._submitted.wait(timeout)
+        self._deadline = threading.Timer(timeout, self._late, args=(timeout,))
+        self._deadline.daemon = True
+        self._deadline.name = "sparkdl_train-prepare-deadline"
+        self._deadline.start()
+
+    def _late(self, timeout: float) -> None:
+        if self._call is not None and not self._call.wait(0):
+            log.info("prepare: the executors' prepare job did not end within %g s; cancelled, the first epoch goes on", timeout)
+            self._call.cancel(5.0)
+
+    def finish(self, timeout: float = 5.0) -> dict[str, Any]:
+        """After the first epoch: :meth:`wait` up to ``timeout`` seconds (its tasks ran before
+        the epoch's, unless they ran on slots the epoch did not use), then cancel what is left."""
+        summary = self.wait(timeout)
+        self.cancel()
+        return summary
 
     def wait(self, timeout: float) -> dict[str, Any]:
         """Wait up to ``timeout`` seconds; returns a summary of what the tasks did. Never raises:
@@ -89,6 +121,9 @@ class PendingPrepare:
         return True
 
     def cancel(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline.join(5.0)
         if self._call is not None:
             self._call.cancel(5.0)
 
@@ -122,16 +157,23 @@ def start_prepare(adapter: DataAdapter, payload_ref: Any, settings: StepSettings
             return [row[0] for row in frame.collect()]
         return sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(_rdd_stage(task)).collect()
 
+    submitted = threading.Event()
+
     def job() -> list[str]:
-        batch = guess
-        if after is not None and not at_once:
-            after.wait()
-            if batch is None:
-                batch = _rows_off(after)
-        return collect(PrepareTask(payload_ref, settings, batch, tuple(kinds) if batch is not None else ()))
+        try:
+            batch = guess
+            if after is not None and not at_once:
+                after.wait()
+                if batch is None:
+                    batch = _rows_off(after)
+            task = PrepareTask(payload_ref, settings, batch, tuple(kinds) if batch is not None else ())
+            submitted.set()  # collect() submits the job at once
+            return collect(task)
+        finally:
+            submitted.set()
 
     call = SparkCall(sc, job, "sparkdl_train-prepare", "sparkdl_train fit: preparing the executors' model")
-    return PendingPrepare(call, row_signature(guess) if guess is not None else None, tasks)
+    return PendingPrepare(call, row_signature(guess) if guess is not None else None, tasks, submitted)
 
 
 # each architecture's (digest's) last sample signature, as a batch of zero rows: start_prepare's

@@ -242,17 +242,13 @@ class SparkModel:
                     self._check_sample(val, "validation_data", phases)
             with phases("preflight"):  # what is left of the check's time after the driver's preparation
                 environment = check.result() if check is not None else None
-            prepared = None
             if prepare is not None:
-                with phases("prepare"):  # what is left of the prepare job's time
-                    prepared = prepare.wait(config.core.preflight_timeout)
-                    if not prepared.get("finished"):
-                        prepare.cancel()
+                with phases("prepare"):  # the wait for its job's submission: the epoch's tasks queue behind its tasks
+                    prepare.go_ahead(config.core.preflight_timeout)
                 prepare.confirms(batch)
             self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                                   master=sc.master if sc is not None else None, environment=environment)
             self.stats.phases = phases.seconds
-            self.stats.prepare = prepared
             self.stats.data_source = train.source
             self.stats.sample_source = sampled.sampled_by
             with phases("restore"):
@@ -283,11 +279,17 @@ class SparkModel:
                 logs = self._run_epochs(engine, loop)
                 stopping = time.perf_counter()
             phases.add("stop", time.perf_counter() - stopping)
+        except BaseException:
+            if prepare is not None:
+                prepare.cancel()
+            raise
         finally:
             self.stats.server = engine.stats() if engine is not None else None
             self.stats.reports = monitor.reports_received
             loop.refs.release()
             progress.close()
+        if prepare is not None:  # its tasks ran before the first epoch's
+            self.stats.prepare = prepare.finish()
         cb.on_train_end(logs)
         return model.history
 
