@@ -429,3 +429,20 @@ def test_conf_values_are_the_contexts_conf_as_getconf_gives_it(sc):
     assert got == {**ours, "spark.driver.host": full["spark.driver.host"], "spark.task.cpus": "1"}, got
     assert got["spark.sparkdl_train.network.tls"] == "off" and "spark.not.set" not in got
     assert "spark.sparkdl_train.network.tls" not in conf_values(sc)  # removed again: read live, not cached
+
+
+def test_the_jvms_sample_frames_come_through_a_local_socket_or_py4j_alike(sc):
+    """The JVM's taken frames are read through a local socket, as collect reads its results;
+    where that server cannot be reached, through py4j: the same bytes either way."""
+    from sparkdl_train.data import sampling
+
+    rows = [(np.full(3, i, np.float32), np.float32(i % 2)) for i in range(3000)]
+    jrdd = sc.parallelize(rows, 2)._jrdd
+    served = sampling._frames(sc, jrdd.take(3))
+    through_py4j = [bytes(f) for f in jrdd.take(3)]
+    assert served == through_py4j and len(served) == 3 and all(isinstance(f, bytes) for f in served)
+
+    class NoServer:  # a context whose JVM has no PythonRDD.serveIterator
+        _jvm = None
+
+    assert sampling._frames(NoServer(), jrdd.take(3)) == through_py4j
