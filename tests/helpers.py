@@ -201,7 +201,7 @@ def submit_command(master, args, out, conf=(), archives=None, job="train_ctr.py"
                 "--conf", f"spark.pyspark.driver.python={sys.executable}"]
     for c in conf:
         cmd += ["--conf", c]
-    cmd += [job if os.path.isabs(job) else os.path.join(ROOT, "jobs", job), *args, "--output", str(out)]
+    cmd += [os.path.join(ROOT, "jobs", job), *args, "--output", str(out)]  # an absolute JOB stays as it is
     return cmd, env
 
 

@@ -420,15 +420,16 @@ def test_a_cached_dataframe_is_sampled_once_per_column_selection(spark, monkeypa
 def test_conf_values_are_the_contexts_conf_as_getconf_gives_it(sc):
     """A fit reads the live conf's spark.sparkdl_train.* entries and the keys it names (few py4j
     calls): the same values as sc.getConf(), including keys set on the running context."""
-    from sparkdl_train.driver.spark_conf import conf_values
+    from sparkdl_train.driver.spark_conf import conf_values, settings_conf
 
     with spark_conf(sc, "spark.sparkdl_train.network.tls", "off"), spark_conf(sc, "spark.task.cpus", "1"):
         full = dict(sc.getConf().getAll())
+        settings = settings_conf(sc)
         got = conf_values(sc, ["spark.driver.host", "spark.task.cpus", "spark.not.set"])
     ours = {k: v for k, v in full.items() if k.startswith("spark.sparkdl_train.")}
-    assert got == {**ours, "spark.driver.host": full["spark.driver.host"], "spark.task.cpus": "1"}, got
-    assert got["spark.sparkdl_train.network.tls"] == "off" and "spark.not.set" not in got
-    assert "spark.sparkdl_train.network.tls" not in conf_values(sc)  # removed again: read live, not cached
+    assert settings == ours and settings["spark.sparkdl_train.network.tls"] == "off", settings
+    assert got == {"spark.driver.host": full["spark.driver.host"], "spark.task.cpus": "1"}, got
+    assert "spark.sparkdl_train.network.tls" not in settings_conf(sc)  # removed again: read live, not cached
 
 
 def test_the_jvms_sample_frames_come_through_a_local_socket_or_py4j_alike(sc):

@@ -148,9 +148,9 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
 
     if timeout is None:
         from ..config import EngineConfig
-        from .spark_conf import conf_values
+        from .spark_conf import settings_conf
 
-        cfg = EngineConfig.resolve(conf_values(sc))
+        cfg = EngineConfig.resolve(settings_conf(sc))
         if not cfg.core.preflight:
             return []
         timeout = cfg.core.preflight_timeout

@@ -85,7 +85,7 @@ class PendingPrepare:
         if self._call is None:
             return {"tasks": 0}
         if not self._call.wait(timeout):
-            log.info("prepare: the executors' prepare job did not end within %g s; the first epoch goes on", timeout)
+            log.info("prepare: the executors' prepare job did not end within %g s", timeout)
             return {"tasks": self.tasks, "finished": False}
         try:
             self.reports = [json.loads(r) for r in self._call.result()]

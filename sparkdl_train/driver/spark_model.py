@@ -29,7 +29,7 @@ from .preflight import PendingCheck
 from .prepare import PendingPrepare, remember_sample, start_prepare
 from .progress import FitProgress
 from .session import SharedRefs
-from .spark_conf import conf_values
+from .spark_conf import conf_values, settings_conf
 from .stats import EpochStats, FitStats
 
 log = logging.getLogger(__name__)
@@ -615,7 +615,7 @@ def _preflight_first(check: PendingCheck | None) -> Iterator[None]:
 
 
 def _resolve(sc: Any, overrides: dict[str, Any]) -> EngineConfig:
-    return EngineConfig.resolve(conf_values(sc) if sc is not None else {}, **overrides)
+    return EngineConfig.resolve(settings_conf(sc) if sc is not None else {}, **overrides)
 
 
 def _not_data(method: str, name: str, value: Any) -> None:

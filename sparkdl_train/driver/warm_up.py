@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from .background import SparkCall
 from .preflight import PendingCheck, start_check
 from .python_workers import share_python_workers
-from .spark_conf import conf_values
+from .spark_conf import settings_conf
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def warm_up(spark: Any = None, kind: str = "dataframe") -> PendingCheck:
         if spark is None:
             raise ConfigError("warm_up() needs a SparkSession: none is active; pass one")
     sc = spark.sparkContext
-    config = EngineConfig.resolve(conf_values(sc))
+    config = EngineConfig.resolve(settings_conf(sc))
     check = start(sc, config, spark if kind == "dataframe" else None)
     if kind == "dataframe" and sc.master.startswith("local"):
         _warm_parquet(spark)
