@@ -276,6 +276,13 @@ class CoreConfig(_Group):
     worker_threads: int | None = setting(
         "worker.threads", None, Int(1, optional=True),
         "TensorFlow threads per worker (default: cores / workers in local mode, spark.task.cpus on a cluster).")
+    steps_per_execution: int = setting(
+        "worker.stepsPerExecution", 16, Int(1),
+        "Consecutive batches a worker runs per call of its compiled train or test step, looping inside it as Keras' "
+        "compile(steps_per_execution=...) does: the same steps in the same order, without the per-call overhead "
+        "(a quarter of a small model's step time on one thread). Fewer where the mode pushes more often (a divisor "
+        "of the push interval: 1 for frequency='batch') and where a group of batches would exceed 8 MiB; "
+        "'allreduce' steps one batch at a time. docs/performance.md.", argument=False)
     safe_mode: bool = setting(None, True, Bool(), "Passed to keras.saving.load_model on the executors.")
     host: str | None = setting(
         "ps.host", None, Text(optional=True), "Address the driver's servers (parameter server, live reports) bind to "

@@ -28,6 +28,12 @@ def test_every_mode_and_frequency_within_three_points(sc, digits, reference_accu
     assert len(hist.history["loss"]) == EPOCHS and hist.history["loss"][-1] < hist.history["loss"][0]
     stats = sm.stats.as_dict()
     assert stats["mode"] == mode and stats["frequency"] == frequency
+    # batches per call of the compiled step: 16 (the default), a divisor of the push interval
+    group = {"epoch": 16, "batch": 1, 4: 4}[frequency]
+    assert stats["steps_per_call"] == group
+    for part in (p for e in sm.stats.epochs for p in e.partitions.values()):
+        full, short = divmod(part["samples"], 32)  # the first batch alone, calls ending on multiples of the group
+        assert part["step_calls"] == 1 + -(-(full - 1) // group) + (short > 0), part
     if mode == "synchronous" and frequency == "epoch":
         assert stats["server"] is None  # merged by Spark's treeReduce, no server
         return
@@ -72,6 +78,25 @@ def test_staleness_bound_is_recorded(sc, digits, tmp_path):
     assert st["updates"] == -(-cut // 16) + -(-(len(rows) - cut) // 16)
     # both sessions are open at once, so the faster worker's pushes land between the other's pull and push
     assert st["max_staleness"] >= 1
+
+
+def test_a_worker_runs_a_divisor_of_its_push_interval_per_call():
+    from sparkdl_train.config import EngineConfig
+    from sparkdl_train.driver.engines.allreduce import AllreduceEngine
+    from sparkdl_train.driver.engines.averaging import AveragingEngine
+    from sparkdl_train.driver.engines.parameter_server import ParameterServerEngine, group_within
+
+    assert [group_within(16, every) for every in (None, 1, 4, 12, 20, 32, 7)] == [16, 1, 4, 12, 10, 16, 7]
+    assert group_within(5, 12) == 4 and group_within(1, None) == 1
+
+    def per_call(engine, **kw):
+        return engine.steps_per_call(EngineConfig(**kw))
+
+    assert per_call(AveragingEngine) == 16 and per_call(AveragingEngine, steps_per_execution=3) == 3
+    assert per_call(ParameterServerEngine, mode="asynchronous", frequency="epoch") == 16
+    assert per_call(ParameterServerEngine, mode="hogwild", frequency="batch") == 1
+    assert per_call(ParameterServerEngine, mode="asynchronous", frequency=24, steps_per_execution=16) == 12
+    assert per_call(AllreduceEngine, mode="allreduce") == 1
 
 
 def test_ps_config_errors_name_the_argument():

@@ -70,6 +70,19 @@ def tree_concat(structs: list[Any]) -> Any:
     return np.concatenate(structs, axis=0) if len(structs) > 1 else structs[0]
 
 
+def stack_batches(batches: list[Batch]) -> Batch:
+    """Batches of one structure and size as one, each leaf stacked along a new first dimension
+    (``(len(batches), rows, ...)``); ``None`` leaves stay ``None``."""
+    first = batches[0]
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        return {k: stack_batches([b[k] for b in batches]) for k in first}
+    if isinstance(first, (list, tuple)):
+        return type(first)(stack_batches([b[i] for b in batches]) for i in range(len(first)))
+    return np.stack(batches) if len(batches) > 1 else np.asarray(batches[0])[np.newaxis]  # one: a view, no copy
+
+
 def num_rows(batch: Batch) -> int:
     leaves = tree_leaves(batch)
     if not leaves:

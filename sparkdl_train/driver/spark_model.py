@@ -228,7 +228,7 @@ class SparkModel:
                 threads = self._threads(train, launch.workers, config)
                 settings = StepSettings(batch_size=fit_cfg.batch_size, shuffle=fit_cfg.shuffle,
                                         shuffle_buffer_size=config.data.shuffle_buffer_size, seed=config.seed, threads=threads,
-                                        nan_policy=config.data.nan_policy)
+                                        nan_policy=config.data.nan_policy, group=engine_cls.steps_per_call(config))
                 if config.core.prepare_workers and sc is not None:
                     # the executors rebuild the model and trace its step while the driver samples
                     with phases("prepare_start"):
@@ -251,6 +251,7 @@ class SparkModel:
             self.stats.phases = phases.seconds
             self.stats.data_source = train.source
             self.stats.sample_source = sampled.sampled_by
+            self.stats.steps_per_call = settings.group
             with phases("restore"):
                 fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
             cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
@@ -296,7 +297,8 @@ class SparkModel:
     def _run_epochs(self, engine: Engine, loop: "_EpochLoop") -> dict[str, Any]:
         model, fit_cfg, cb, progress = self._model, loop.fit_cfg, loop.callbacks, loop.progress
         s = loop.settings
-        eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy, labels=s.labels)
+        eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy, labels=s.labels,
+                                     group=s.group)
         logs: dict[str, Any] = {}
         for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
             cb.on_epoch_begin(epoch)
@@ -387,7 +389,8 @@ class SparkModel:
         if check is not None:
             check.result()
         settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf),
-                                nan_policy=conf.data.nan_policy, labels=row_signature(sample[1]))
+                                nan_policy=conf.data.nan_policy, labels=row_signature(sample[1]),
+                                group=conf.core.steps_per_execution)
         refs = SharedRefs(payload)
         try:
             logs = evaluate_logs(self._model, adapter, refs, settings, "sparkdl_train evaluate")

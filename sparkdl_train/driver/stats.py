@@ -54,6 +54,9 @@ class FitStats:
     # how the driver read its sample of the training data (DataAdapter.sampled_by): "jvm", "python",
     # "query", "files", "kept", "arrays"
     sample_source: str | None = None
+    # consecutive batches a worker ran per call of its compiled step (StepSettings.group: the
+    # worker.stepsPerExecution setting as the engine allows it); partitions' "step_calls" count the calls
+    steps_per_call: int = 1
 
     def fixed_costs(self) -> dict[str, Any]:
         """Where the fixed cost of this fit went: the driver's set-up phases, the first epoch's
@@ -86,6 +89,7 @@ class FitStats:
             "prepare": self.prepare,
             "data_source": self.data_source,
             "sample_source": self.sample_source,
+            "steps_per_call": self.steps_per_call,
             "epochs": [
                 {
                     "epoch": e.epoch,

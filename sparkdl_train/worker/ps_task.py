@@ -87,7 +87,9 @@ class PSTrainTask:
                     push(steps, samples)
                 run.reporter(steps, samples, model)
 
-            samples, steps = run_steps(model, sync.track(ahead), training=True, on_batch=on_batch, startup=run.startup)
+            # settings.group divides ps.every (ParameterServerEngine.steps_per_call): pushes fall between groups
+            samples, steps = run_steps(model, sync.track(ahead), training=True, on_batch=on_batch, startup=run.startup,
+                                       group=self.settings.group, tally=run.tally)
             if steps > mark["steps"]:
                 push(steps, samples)
             client.done()

@@ -62,6 +62,9 @@ class StepSettings:
     # prepare task (sparkdl_train.worker.prepare), is rebuilt (sparkdl_train.worker.runtime);
     # None: no labels
     labels: str | None = None
+    # consecutive batches per call of the compiled step (sparkdl_train.worker.steps.run_steps'
+    # group), as the engine allows it (spark.sparkdl_train.worker.stepsPerExecution)
+    group: int = 1
 
 
 def peak_rss_mb() -> float:
@@ -165,6 +168,7 @@ class PartitionPass:
         # this task's fixed costs in seconds (sparkdl_train.driver.phases.TASK_STARTUP); the
         # steps fill in "first_batch" (data ready) and "first_step" (tracing, when not cached)
         self.startup: dict[str, Any] = {}
+        self.tally: dict[str, int] = {}  # run_steps' calls of the compiled step (StepSettings.group batches each)
         self.model = _model(payload, state, settings, device, self.startup)
         self.model.reset_metrics()  # metrics accumulate from zero over this partition
         self.rng = np.random.default_rng([settings.seed, epoch, partition]) if epoch is not None else None
@@ -197,6 +201,7 @@ class PartitionPass:
     def run(self, chunks: Iterable[Batch]) -> tuple[int, int]:
         """Keras' own train (or test) step over the whole partition; returns ``(samples, steps)``."""
         samples, steps = run_steps(self.model, self.batches(chunks), training=self.training, on_batch=self.on_batch(),
+                                   group=self.settings.group, tally=self.tally,
                                    startup=self.startup)
         self.finish(steps, samples)
         return samples, steps
@@ -207,7 +212,7 @@ class PartitionPass:
     def info(self, samples: int, steps: int, **extra: Any) -> dict[str, Any]:
         startup = {k: round(v, 4) if isinstance(v, float) else v for k, v in self.startup.items()}
         return {**_info(samples, steps, self.start), "started_at": round(self.started_at, 3), **self.screen.info(),
-                "startup": startup, **extra}
+                "step_calls": self.tally.get("calls"), "startup": startup, **extra}
 
 
 @dataclass(frozen=True)

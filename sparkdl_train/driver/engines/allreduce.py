@@ -44,6 +44,10 @@ class AllreduceEngine(Engine):
     step = "fused"
 
     @classmethod
+    def steps_per_call(cls, config: EngineConfig) -> int:
+        return 1  # gradients are averaged between every two steps
+
+    @classmethod
     def plan(cls, config: EngineConfig, sc: Any, train: DataAdapter) -> Launch:
         if sc is None:  # in-process arrays: one rank
             return Launch(workers=config.num_workers or train.num_partitions(), barrier=True)

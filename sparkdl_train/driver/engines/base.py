@@ -22,6 +22,8 @@ Override points (each engine module documents its own):
   merged state in the driver's model; return the epoch's logs and :class:`EpochStats`.
 * :meth:`Engine.stopped`: the epoch was cancelled midway; set the weights the driver keeps.
 * :meth:`Engine.stats`: what ``sm.stats.server`` shows.
+* :meth:`Engine.steps_per_call` (classmethod): how many batches its workers may run per call of
+  their compiled step (``StepSettings.group``), e.g. a divisor of the push interval.
 * :attr:`Engine.step`: the compiled step its workers run (``"train"`` or ``"fused"``), traced
   ahead on the executors by the fit's prepare job.
 
@@ -104,6 +106,12 @@ class Engine:
 
     def __exit__(self, *exc: Any) -> None:
         pass
+
+    @classmethod
+    def steps_per_call(cls, config: EngineConfig) -> int:
+        """How many consecutive batches its workers may run per call of their compiled step
+        (``StepSettings.group``; default: ``steps_per_execution``)."""
+        return config.core.steps_per_execution
 
     def train_epoch(self, ctx: EpochContext) -> tuple[dict[str, Any], EpochStats]:
         raise NotImplementedError

@@ -65,14 +65,19 @@ class ParameterServerEngine(Engine):
         self.dense_bytes_per_push = dense_exchange_bytes(weights)
         self.tls = new_identity("sparkdl_train parameter server") if launch.tls else None
         self.server = ParameterServer(self.state, host, self.secret, port=config.ps.port, idle_timeout=config.ps.idle_timeout, tls=self.tls)
-        freq = config.frequency
-        self.every = None if freq == "epoch" else 1 if freq == "batch" else int(freq)
+        self.every = push_interval(config)
         # Applied one by one, K full deltas move the model K times as far as one worker would:
         # by default scale them by 1/K so each update counts as one K-th of an averaged step.
         if config.mode in ("asynchronous", "hogwild"):
             self.scale = config.ps.delta_scale if config.ps.delta_scale is not None else 1.0 / workers
         else:
             self.scale = 1.0
+
+    @classmethod
+    def steps_per_call(cls, config: EngineConfig) -> int:
+        """The largest divisor of the push interval up to ``steps_per_execution``: a worker pushes
+        between calls, after the same steps as one step per call would."""
+        return group_within(config.core.steps_per_execution, push_interval(config))
 
     def __enter__(self) -> "ParameterServerEngine":
         self.server.start()
@@ -115,3 +120,16 @@ class ParameterServerEngine(Engine):
             set_optimizer_state(model, partial.model.result())
         set_metric_state(model, partial.metrics)
         return metrics_result(model), stats
+
+
+def push_interval(config: EngineConfig) -> int | None:
+    """Steps between a worker's pushes (``None``: once, at the end of its partition)."""
+    freq = config.frequency
+    return None if freq == "epoch" else 1 if freq == "batch" else int(freq)
+
+
+def group_within(group: int, every: int | None) -> int:
+    """The largest divisor of ``every`` not above ``group`` (``group`` itself when ``every`` is ``None``)."""
+    if every is None:
+        return group
+    return max(d for d in range(1, min(group, every) + 1) if every % d == 0)
