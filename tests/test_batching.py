@@ -95,3 +95,17 @@ def test_prefetch_keeps_order_bounds_the_queue_and_reraises_in_the_consumer():
     with pytest.raises(ValueError, match="bad row 7"):
         list(prefetch(items(20, fail_at=7), depth=2))
     assert list(prefetch(iter([1, 2]), depth=0)) == [1, 2]
+
+
+def test_stack_batches_keeps_structure_and_a_single_batch_is_a_view():
+    from sparkdl_train.data.batching import stack_batches
+
+    a = ({"ids": np.arange(6).reshape(3, 2), "x": np.ones((3, 4), np.float32)}, np.arange(3), None)
+    b = ({"ids": np.arange(6, 12).reshape(3, 2), "x": np.zeros((3, 4), np.float32)}, np.arange(3, 6), None)
+    (x, y, w) = stack_batches([a, b])
+    assert x["ids"].shape == (2, 3, 2) and x["x"].shape == (2, 3, 4) and y.shape == (2, 3) and w is None
+    np.testing.assert_array_equal(x["ids"][1], b[0]["ids"])
+    np.testing.assert_array_equal(y, [[0, 1, 2], [3, 4, 5]])
+    one = stack_batches([([a[0]["x"], a[1]], a[1], a[1])])
+    assert one[0][0].shape == (1, 3, 4) and isinstance(one[0], list)
+    assert np.shares_memory(one[0][0], a[0]["x"])  # no copy of a lone batch

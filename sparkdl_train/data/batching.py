@@ -59,28 +59,26 @@ def row_signature(batch: Any) -> str:
     return walk(batch)
 
 
-def tree_concat(structs: list[Any]) -> Any:
+def tree_zip(structs: list[Any], leaf: Callable[[list[np.ndarray]], Any]) -> Any:
+    """``structs`` of one structure as one: ``leaf`` of the arrays at each position (``None`` stays ``None``)."""
     first = structs[0]
     if first is None:
         return None
     if isinstance(first, dict):
-        return {k: tree_concat([s[k] for s in structs]) for k in first}
+        return {k: tree_zip([s[k] for s in structs], leaf) for k in first}
     if isinstance(first, (list, tuple)):
-        return type(first)(tree_concat([s[i] for s in structs]) for i in range(len(first)))
-    return np.concatenate(structs, axis=0) if len(structs) > 1 else structs[0]
+        return type(first)(tree_zip([s[i] for s in structs], leaf) for i in range(len(first)))
+    return leaf(structs)
+
+
+def tree_concat(structs: list[Any]) -> Any:
+    return tree_zip(structs, lambda arrays: np.concatenate(arrays, axis=0) if len(arrays) > 1 else arrays[0])
 
 
 def stack_batches(batches: list[Batch]) -> Batch:
     """Batches of one structure and size as one, each leaf stacked along a new first dimension
-    (``(len(batches), rows, ...)``); ``None`` leaves stay ``None``."""
-    first = batches[0]
-    if first is None:
-        return None
-    if isinstance(first, dict):
-        return {k: stack_batches([b[k] for b in batches]) for k in first}
-    if isinstance(first, (list, tuple)):
-        return type(first)(stack_batches([b[i] for b in batches]) for i in range(len(first)))
-    return np.stack(batches) if len(batches) > 1 else np.asarray(batches[0])[np.newaxis]  # one: a view, no copy
+    (``(len(batches), rows, ...)``); ``None`` leaves stay ``None``. One batch: views, no copy."""
+    return tree_zip(batches, lambda arrays: np.stack(arrays) if len(arrays) > 1 else np.asarray(arrays[0])[np.newaxis])
 
 
 def num_rows(batch: Batch) -> int:
