@@ -77,7 +77,7 @@ def compiled_step(model: Any, kind: str, batch: Batch, stats: dict[str, Any] | N
     if model.run_eagerly:
         return _eager_group(step) if grouped else step
     cache = model.__dict__.setdefault(_ATTRIBUTE, {})  # past Keras' attribute tracking
-    key = (kind, id(getattr(model, "optimizer", None))) + (("grouped",) if grouped else ())  # compile() makes a new optimizer
+    key = _step_key(model, kind, grouped)
     fn = cache.get(key)
     if fn is None:
         strategy = model.distribute_strategy
@@ -108,6 +108,11 @@ def compiled_step(model: Any, kind: str, batch: Batch, stats: dict[str, Any] | N
     return concrete
 
 
+def _step_key(model: Any, kind: str, grouped: bool) -> tuple:
+    """A compiled step's key in the model's cache: compile() makes a new optimizer, traced anew."""
+    return (kind, id(getattr(model, "optimizer", None))) + (("grouped",) if grouped else ())
+
+
 def _eager_group(step: Callable[[Batch], Any]) -> Callable[[Batch], Any]:
     def run(data: Batch) -> None:
         for i in range(len(tree_leaves(data)[0])):
@@ -119,8 +124,7 @@ def _eager_group(step: Callable[[Batch], Any]) -> Callable[[Batch], Any]:
 def traces(model: Any, kind: str, grouped: bool = False) -> int:
     """How many times the model's current ``{kind}_step`` function (its compilation's; its
     ``grouped`` form) has been traced in this process; 0 before :func:`compiled_step` made it."""
-    key = (kind, id(getattr(model, "optimizer", None))) + (("grouped",) if grouped else ())
-    fn = model.__dict__.get(_ATTRIBUTE, {}).get(key)
+    fn = model.__dict__.get(_ATTRIBUTE, {}).get(_step_key(model, kind, grouped))
     return fn.experimental_get_tracing_count() if fn is not None else 0
 
 
@@ -195,8 +199,13 @@ def group_size(group: int, batch: Batch) -> int:
     """Batches like ``batch`` per call: the largest divisor of ``group`` whose batches take at
     most :data:`GROUP_BYTES` (a divisor, so calls still end on multiples of ``group``)."""
     size = sum(np.asarray(a).nbytes for a in tree_leaves(batch))
-    cap = max(1, GROUP_BYTES // max(1, size))
-    return max(d for d in range(1, min(group, cap) + 1) if group % d == 0)
+    return largest_divisor(group, max(1, GROUP_BYTES // max(1, size)))
+
+
+def largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` not above ``at_most`` (at least 1): a group of steps that a
+    push interval, or a larger group, divides into whole calls."""
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
 
 
 def instantiate(model: Any, kind: str, batch: Batch) -> bool:

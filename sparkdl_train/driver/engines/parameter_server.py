@@ -20,6 +20,7 @@ from ...ps.protocol import dense_exchange_bytes
 from ...ps.server import ParameterServer
 from ...ps.state import ServerState
 from ...worker.ps_task import PSSettings, PSTrainTask
+from ...worker.steps import largest_divisor
 from ..sparse import find_tables
 from ..stats import EpochStats
 from .base import Engine, EpochContext, Launch, driver_host, run_epoch
@@ -130,6 +131,4 @@ def push_interval(config: EngineConfig) -> int | None:
 
 def group_within(group: int, every: int | None) -> int:
     """The largest divisor of ``every`` not above ``group`` (``group`` itself when ``every`` is ``None``)."""
-    if every is None:
-        return group
-    return max(d for d in range(1, min(group, every) + 1) if every % d == 0)
+    return group if every is None else largest_divisor(every, group)
