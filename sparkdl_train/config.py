@@ -4,7 +4,7 @@ A setting is one dataclass field made by :func:`setting`: its default, its
 ``spark.sparkdl_train.*`` key, its :class:`Kind` (which parses the key's text and validates a
 value), the modes it applies to and its documentation. Everything else is derived from those
 declarations: validation, reading Spark conf, ``SparkModel``'s keyword arguments and their
-documentation, ``KerasEstimator``'s converters and the README's configuration table (a test
+documentation, ``KerasEstimator``'s converters and docs/configuration.md's table (a test
 checks that table against :func:`settings_markdown`).
 
 The groups:
@@ -307,6 +307,14 @@ class CoreConfig(_Group):
     preflight_timeout: float = setting(
         "preflight.timeout", 300.0, Seconds(),
         "Seconds the environment check waits for executors (they may be unpacking an archive).", argument=False)
+    registration_timeout: float = setting(
+        "executors.registrationTimeout", 120.0, Seconds(),
+        "Seconds a fit (and the environment check) waits, before planning its workers, for the executors the "
+        "application asked for to register (local-cluster's N, spark.executor.instances, spark.cores.max over "
+        "spark.executor.cores, dynamic allocation's minExecutors), or for the task slots num_workers needs; "
+        "standalone and local-cluster schedule a first stage on whatever executor registered first. Past it the fit "
+        "trains on what is there, with a warning naming the shortfall (allreduce fails without enough slots). "
+        "sparkdl_train.driver.registration.", argument=False)
     prepare_workers: bool = setting(
         "worker.prepare", True, Bool(),
         "Rebuild the model and trace its step on the executors' Python workers while the driver still prepares a "
@@ -567,7 +575,7 @@ def argument_settings() -> tuple[Setting, ...]:
 
 
 def settings_markdown() -> str:
-    """The README's configuration table."""
+    """docs/configuration.md's table of every setting."""
     rows = ["| argument | Spark conf key | default | applies to | meaning |", "| --- | --- | --- | --- | --- |"]
     for s in all_settings():
         allowed = s.modes
@@ -616,5 +624,5 @@ class FitConfig:
         return asdict(self)
 
 
-if __name__ == "__main__":  # python -m sparkdl_train.config: the README's table
+if __name__ == "__main__":  # python -m sparkdl_train.config: docs/configuration.md's table
     print(settings_markdown())

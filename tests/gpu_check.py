@@ -60,6 +60,7 @@ def main(master: str) -> None:
             "placements": sorted({(tuple(p.get("gpus", [])), tuple(p.get("cuda_ordinals", [])), p.get("device")) for p in parts}),
             "pids": sorted({p["pid"] for p in parts}),
             "executor_ids": sm.stats.executor_ids(),
+            "registration": sm.stats.registration,
             "loss": hist.history["loss"],
             "acc": float(model.evaluate(x, y, verbose=0, return_dict=True)["accuracy"]),
         }

@@ -83,4 +83,6 @@ def test_tasks_read_their_gpus_from_spark_on_local_cluster():
         # this machine's TensorFlow has no GPU, so the tasks fell back to the CPU
         assert r["placements"] == [[["3"], [0], "/CPU:0"], [["5"], [1], "/CPU:0"]], r
         assert_ran_on_executors(r["executor_ids"], r["pids"], result["driver_pid"])
+        # the fit started right after the session: it waited for both executors (a CI run once trained on one)
+        assert r["registration"]["executors"] == 2 and r["registration"]["complete"], r["registration"]
         assert r["loss"][-1] < r["loss"][0] / 2 and r["acc"] > 0.85, r

@@ -144,13 +144,13 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
 
     With ``timeout=None`` the ``spark.sparkdl_train.preflight*`` keys decide (``preflight=false``:
     nothing is checked and ``[]`` is returned)."""
+    from ..config import EngineConfig
     from .executors import executor_ids
+    from .registration import wait_for_executors
+    from .spark_conf import settings_conf
 
+    cfg = EngineConfig.resolve(settings_conf(sc))
     if timeout is None:
-        from ..config import EngineConfig
-        from .spark_conf import settings_conf
-
-        cfg = EngineConfig.resolve(settings_conf(sc))
         if not cfg.core.preflight:
             return []
         timeout = cfg.core.preflight_timeout
@@ -158,6 +158,8 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
     with _lock:
         if key in _checked and not force:
             return _checked[key]
+    # every executor the application asked for is checked (and starts its Python workers), not the first to register
+    wait_for_executors(sc, cfg.core.registration_timeout)
     n = max(1, int(sc.defaultParallelism))
     if session is None:
         rows = _collect_with_timeout(sc, sc.parallelize(range(n), n).mapPartitionsWithIndex(_probe_function()), timeout)

@@ -28,6 +28,7 @@ from .phases import Phases
 from .preflight import PendingCheck
 from .prepare import PendingPrepare, remember_sample, start_prepare
 from .progress import FitProgress
+from .registration import wait_for_executors
 from .session import SharedRefs
 from .spark_conf import conf_values, settings_conf
 from .stats import EpochStats, FitStats
@@ -220,6 +221,8 @@ class SparkModel:
             with _preflight_first(check), _cancelled_on_error(sample):
                 with phases("validation_split"):
                     train, val = self._validation(train, validation_data, fit_cfg, config)
+                with phases("executors"):  # no fit plans on a cluster that is still registering its executors
+                    registration = wait_for_executors(sc, config.core.registration_timeout, config.num_workers)
                 with phases("plan"):
                     engine_cls = engine_class(config)
                     launch = engine_cls.plan(config, sc, train)  # slot checks fail here, before any job
@@ -249,6 +252,7 @@ class SparkModel:
             self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                                   master=sc.master if sc is not None else None, environment=environment)
             self.stats.phases = phases.seconds
+            self.stats.registration = registration.as_dict() if registration is not None else None
             self.stats.data_source = train.source
             self.stats.sample_source = sampled.sampled_by
             self.stats.steps_per_call = settings.group

@@ -43,7 +43,7 @@ class FitStats:
     environment: list[dict[str, Any]] | None = None  # the executor environment check's reports (preflight)
     tls: bool = False  # the fit's sockets (parameter server, ring, reports) used TLS
     # driver wall seconds before the first epoch and after the last: payload, adapter, preflight,
-    # validation_split, plan, prepare_start, sample, sample_check, prepare, restore, start (servers), stop
+    # validation_split, executors (the wait for registration), plan, prepare_start, sample, sample_check, prepare, restore, start (servers), stop
     phases: dict[str, float] = field(default_factory=dict)
     # the prepare job (sparkdl_train.driver.prepare): tasks, rebuilt, traced, errors, slowest
     # task's seconds; None when it did not run
@@ -57,6 +57,9 @@ class FitStats:
     # consecutive batches a worker ran per call of its compiled step (StepSettings.group: the
     # worker.stepsPerExecution setting as the engine allows it); partitions' "step_calls" count the calls
     steps_per_call: int = 1
+    # the wait for the application's executors before planning (sparkdl_train.driver.registration):
+    # executors and cores registered, seconds waited, whether all asked for were there; None on local masters
+    registration: dict[str, Any] | None = None
 
     def fixed_costs(self) -> dict[str, Any]:
         """Where the fixed cost of this fit went: the driver's set-up phases, the first epoch's
@@ -90,6 +93,7 @@ class FitStats:
             "data_source": self.data_source,
             "sample_source": self.sample_source,
             "steps_per_call": self.steps_per_call,
+            "registration": self.registration,
             "epochs": [
                 {
                     "epoch": e.epoch,
