@@ -53,15 +53,59 @@ IGNORED_ARGUMENTS = {
 }
 
 
-def drop_ignored(kwargs: dict[str, Any], quiet: bool = False) -> dict[str, Any]:
-    """``kwargs`` without the Elephas-only arguments (each warned about once unless ``quiet``)."""
-    kept = dict(kwargs)
-    for name, replacement in IGNORED_ARGUMENTS.items():
-        if name in kept:
-            kept.pop(name)
+_MODES = ("synchronous", "asynchronous", "hogwild")
+
+
+def elephas_settings(kwargs: dict[str, Any], default_mode: str, unknown_mode: str, owner: str,
+                     quiet: bool = False) -> tuple[dict[str, Any], str | None]:
+    """Elephas' constructor keywords as sparkdl_train settings, accepting what Elephas accepts:
+
+    * ``parameter_server_mode`` and ``port`` mean nothing here: warned about once, dropped;
+    * a name that is no sparkdl_train setting (Elephas stores any keyword): warned about once, with a
+      hint for a likely misspelling, and not used (the caller keeps it for ``get_config()``);
+    * a mode Elephas' class does not know: it trains as that class does with it (``unknown_mode``), warned;
+    * a frequency no engine knows: accepted now, and the fit fails naming it, as Elephas' workers do.
+
+    Returns the settings and, for a bad frequency, the error its fit raises (None otherwise). ``quiet``
+    (loading a saved model) warns about nothing."""
+    import difflib
+
+    from ..config import all_settings, check_setting
+
+    known = {s.arg for s in all_settings()}
+    settings: dict[str, Any] = {}
+    unknown = []
+    for name, value in kwargs.items():
+        if name in IGNORED_ARGUMENTS:
             if not quiet:
-                warn_once(f"argument:{name}", f"Elephas' {name}= is accepted and ignored: {replacement}")
-    return kept
+                warn_once(f"argument:{name}", f"Elephas' {name}= is accepted and ignored: {IGNORED_ARGUMENTS[name]}")
+        elif name in known:
+            settings[name] = plain(value)
+        else:
+            unknown.append(name)
+    if unknown and not quiet:
+        hints = [f"{n!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(n, known, 1)) else repr(n) for n in sorted(unknown)]
+        warn_once(f"unknown:{owner}:{sorted(unknown)}", f"{owner}: keyword argument(s) {', '.join(hints)} mean nothing to "
+                  "sparkdl_train: kept in get_config() as Elephas keeps them, and not used")
+    mode = settings.get("mode") or default_mode
+    if mode not in _MODES:
+        if not quiet:
+            extra = " (sparkdl_train's allreduce engine is sparkdl_train.SparkModel(mode='allreduce'))" if mode == "allreduce" else ""
+            warn_once(f"mode:{owner}:{mode}", f"{owner}(mode={mode!r}): not one of Elephas' modes {', '.join(_MODES)}; it trains "
+                      f"{unknown_mode}, as Elephas' {owner} does with it{extra}")
+        mode = unknown_mode
+    settings["mode"] = mode
+    bad = None
+    frequency = settings.get("frequency")
+    if frequency is None:
+        settings["frequency"] = "epoch"
+    else:
+        try:
+            check_setting("frequency", frequency)
+        except ConfigError as exc:
+            bad = f"{owner}(frequency={frequency!r}): {exc}"
+            settings["frequency"] = "epoch"
+    return settings, bad
 
 
 def plain(value: Any) -> Any:
@@ -97,15 +141,18 @@ def fit_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def keras2_compile(model: Any) -> None:
     """Keras 2 read ``compile(optimizer, loss, ['acc'])`` as metrics; Keras 3's third positional argument is
-    ``loss_weights``. Elephas re-compiled the model (dropping them); here they become the metrics they meant."""
+    ``loss_weights``, and names there break training. Elephas re-compiles the model with its loss, optimizer
+    and compiled metrics, so the names are dropped and ``evaluate`` gives the loss alone: the same here, said once."""
     config = model.get_compile_config() if getattr(model, "compiled", False) else None
     weights = (config or {}).get("loss_weights")
     if not isinstance(weights, (list, tuple)) or not any(isinstance(w, str) for w in weights):
         return
     warn_once("keras2-metrics", f"model.compile's loss_weights={list(weights)!r} are names: Keras 3's third positional "
-                                "argument is loss_weights, not metrics (Keras 2). Re-compiling with them as metrics; "
-                                "write compile(optimizer, loss, metrics=[...]) to silence this.")
-    model.compile(optimizer=model.optimizer, loss=model.loss, metrics=list(weights))
+                                "argument is loss_weights, not metrics (Keras 2). As Elephas does, the model is re-compiled "
+                                "without them, so evaluate() returns the loss alone; for metrics, write "
+                                "compile(optimizer, loss, metrics=[...]).")
+    model.compile(optimizer=model.optimizer, loss=model.loss, metrics=config.get("metrics"),
+                  weighted_metrics=config.get("weighted_metrics"))
 
 
 def input_widths(model: Any) -> list[tuple[int, ...]] | None:

@@ -5,8 +5,9 @@ optimizer, loss and metrics, trains it with :class:`sparkdl_train.SparkModel` st
 DataFrame (Arrow batches; no RDD of per-row Python pairs as in Elephas) and returns an
 ``ElephasTransformer``, whose ``transform`` adds ``outputCol`` computed on the executors.
 
-Differences from Elephas 7, on purpose: ``mode`` and ``frequency`` are honoured (Elephas 7 passed
-them to a ``SparkModel`` that ignored them and trained synchronously); labels outside
+Differences from Elephas 7, on purpose: known ``mode`` and ``frequency`` values are honoured (Elephas 7
+passed them to a ``SparkModel`` that ignored them and trained synchronously; an unknown mode still
+trains synchronously here, with a warning); labels outside
 ``[0, nb_classes)`` fail naming the column instead of raising ``IndexError`` in a task; the transformer
 is ``MLWritable``, so a fitted ``PipelineModel`` saves and loads.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasOutputCol
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from ..errors import ConfigError, DataError
+from ._shim import elephas_settings, plain
 from .ml.params import (
     HasBatchSize,
     HasCategoricalLabels,
@@ -49,7 +52,6 @@ _CONFIG_ATTR = "distributed_config"
 _ONE_HOT = "__elephas_one_hot_label"
 _WEIGHTS_FILE = "weights.npz"
 
-
 class ElephasEstimator(Estimator, HasCategoricalLabels, HasValidationSplit, HasKerasModelConfig, HasFeaturesCol,
                        HasLabelCol, HasMode, HasEpochs, HasBatchSize, HasFrequency, HasVerbosity, HasNumberOfClasses,
                        HasNumberOfWorkers, HasOutputCol, HasLoss, HasMetrics, HasKerasOptimizerConfig, HasCustomObjects,
@@ -64,21 +66,23 @@ class ElephasEstimator(Estimator, HasCategoricalLabels, HasValidationSplit, HasK
 
     @keyword_only
     def set_params(self, **kwargs: Any) -> "ElephasEstimator":
-        for name, check in (("mode", "set_mode"), ("frequency", "set_frequency")):
+        for name in ("mode", "frequency"):  # Elephas' Mode/Frequency members kept as their strings
             if name in kwargs:
-                getattr(self, check)(kwargs.pop(name))
+                kwargs[name] = plain(kwargs[name])
         return self._set(**kwargs)
 
+    # Elephas' deprecated setters: they set the column and warn as Elephas' do
     def setFeaturesCol(self, value: str) -> "ElephasEstimator":
+        _deprecated("setFeaturesCol", "featuresCol")
         return self._set(featuresCol=value)
 
     def setLabelCol(self, value: str) -> "ElephasEstimator":
+        _deprecated("setLabelCol", "labelCol")
         return self._set(labelCol=value)
 
     def setOutputCol(self, value: str) -> "ElephasEstimator":
+        _deprecated("setOutputCol", "outputCol")
         return self._set(outputCol=value)
-
-    set_outputCol = setOutputCol
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -114,12 +118,17 @@ class ElephasEstimator(Estimator, HasCategoricalLabels, HasValidationSplit, HasK
     def _fit(self, dataset: Any) -> "ElephasTransformer":
         from ..driver.spark_model import SparkModel
 
+        # Elephas' estimator hands mode and frequency to a SparkModel: an unknown mode trains synchronously there
+        settings, bad_frequency = elephas_settings({"mode": self.get_mode(), "frequency": self.get_frequency()},
+                                                   "asynchronous", "synchronous", type(self).__name__)
+        if bad_frequency is not None:
+            raise ConfigError(bad_frequency)
         model = self._compiled_model()
         features, label = self.getFeaturesCol(), self.getLabelCol()
         data = _ml_vectors(dataset, features)
         if self.get_categorical_labels():
             data, label = _one_hot(data, label, self.get_nb_classes()), _ONE_HOT
-        sm = SparkModel(model, mode=self.get_mode(), frequency=self.get_frequency(),
+        sm = SparkModel(model, mode=settings["mode"], frequency=settings["frequency"],
                         num_workers=self.get_num_workers() or None, custom_objects=self.get_custom_objects())
         history = sm.fit(data, epochs=self.get_epochs(), batch_size=self.get_batch_size(), verbose=self.get_verbosity(),
                          validation_split=self.get_validation_split(), feature_cols=features, label_col=label)
@@ -129,6 +138,9 @@ class ElephasEstimator(Estimator, HasCategoricalLabels, HasValidationSplit, HasK
                                   custom_objects=self.get_custom_objects(),
                                   model_type=LossModelTypeMapper().get_model_type(self.get_loss()), history=per_epoch)
 
+def _deprecated(setter: str, param: str) -> None:
+    warnings.warn(f"{setter} is deprecated in Spark 3.0.x+ - please supply {param} in the constructor i.e; "
+                  f"ElephasEstimator({param}='foo')", DeprecationWarning, stacklevel=3)
 
 class ElephasTransformer(Model, HasKerasModelConfig, HasLabelCol, HasOutputCol, HasFeaturesCol, HasCustomObjects,
                          HasInferenceBatchSize, MLWritable, MLReadable):
@@ -193,7 +205,6 @@ class ElephasTransformer(Model, HasKerasModelConfig, HasLabelCol, HasOutputCol, 
     def read(cls) -> MLReader:
         return _TransformerReader()
 
-
 class _TransformerWriter(MLWriter):
     """Spark ML metadata for the params, the weights as ``weights.npz`` beside it (any Hadoop path)."""
 
@@ -215,7 +226,6 @@ class _TransformerWriter(MLWriter):
         np.savez(buf, *[np.asarray(w) for w in (inst.weights or [])])
         FileSystem(self.sc).write_bytes(join(path, _WEIGHTS_FILE), buf.getvalue())
 
-
 class _TransformerReader(MLReader):
     def load(self, path: str) -> ElephasTransformer:
         from ..fs import FileSystem, join
@@ -231,12 +241,10 @@ class _TransformerReader(MLReader):
         inst._history = metadata.get("history") or []
         return inst
 
-
 def load_ml_estimator(file_name: str) -> ElephasEstimator:
     """An estimator from the HDF5 file ``ElephasEstimator.save`` (or Elephas) wrote."""
     config = _read_config(file_name)
     return ElephasEstimator(**{k: v for k, v in config.items() if v is not None})  # None: left at its default
-
 
 def load_ml_transformer(file_name: str) -> ElephasTransformer:
     """A transformer from the HDF5 file ``ElephasTransformer.save`` (or Elephas) wrote."""
@@ -244,13 +252,11 @@ def load_ml_transformer(file_name: str) -> ElephasTransformer:
     config["weights"] = [np.asarray(w, dtype=np.float32) for w in config.get("weights") or []] or None
     return ElephasTransformer(**config)
 
-
 def _write_config(file_name: str, class_name: str, config: dict[str, Any]) -> None:
     import h5py
 
     with h5py.File(file_name, mode="w") as f:
         f.attrs[_CONFIG_ATTR] = json.dumps({"class_name": class_name, "config": config}, cls=ModelTypeEncoder).encode("utf8")
-
 
 def _read_config(file_name: str) -> dict[str, Any]:
     import h5py
@@ -261,12 +267,10 @@ def _read_config(file_name: str) -> dict[str, Any]:
         raise ConfigError(f"{file_name} holds no Elephas stage (no {_CONFIG_ATTR!r} attribute)")
     return dict(json.loads(raw, object_hook=as_enum).get("config") or {})
 
-
 def _model_from_json(config: str, custom_objects: dict[str, Any] | None) -> Any:
     import keras
 
     return keras.models.model_from_json(config, custom_objects=custom_objects or None)
-
 
 def _ml_vectors(df: Any, column: str) -> Any:
     """``df`` with an MLlib vector ``column`` turned into an ML vector (Elephas' ``to_data_frame`` made MLlib ones)."""
@@ -277,7 +281,6 @@ def _ml_vectors(df: Any, column: str) -> Any:
 
         return MLUtils.convertVectorColumnsToML(df, column)
     return df
-
 
 def _one_hot(df: Any, label: str, nb_classes: int) -> Any:
     """``df`` with the class-index column ``label`` one-hot encoded in a new float-array column (Spark SQL,

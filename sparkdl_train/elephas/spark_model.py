@@ -18,7 +18,7 @@ import numpy as np
 
 from ..driver.spark_model import SparkModel as _SparkModel
 from ..errors import ConfigError, DataError
-from ._shim import IGNORED_ARGUMENTS, drop_ignored, fit_arguments, keras2_compile, plain, row_splitter, warn_once
+from ._shim import elephas_settings, fit_arguments, keras2_compile, plain, row_splitter, warn_once
 from .enums import Frequency, Mode
 from .mllib.adapter import from_matrix, from_vector, to_matrix, to_vector
 from .utils.rdd_utils import lp_to_simple_rdd, to_simple_rdd
@@ -41,18 +41,14 @@ class SparkModel(_SparkModel):
     """
 
     _default_mode = Mode.SYNCHRONOUS
+    _unknown_mode = Mode.SYNCHRONOUS  # what Elephas' class trains with a mode it does not know
 
     def __init__(self, model: Any, num_workers: int | None = None, custom_objects: dict[str, Any] | None = None,
                  batch_size: int = 32, **kwargs: Any):
         quiet = kwargs.pop("_quiet", False)  # loading a saved model: its Elephas-only arguments were warned about then
-        self._elephas = {k: plain(v) for k, v in kwargs.items() if k in IGNORED_ARGUMENTS}
-        settings = {k: plain(v) for k, v in drop_ignored(kwargs, quiet).items()}
-        settings.setdefault("mode", plain(self._default_mode))
-        if settings.get("frequency") is None:
-            settings["frequency"] = Frequency.EPOCH.value
-        if settings["mode"] not in ("synchronous", "asynchronous", "hogwild"):
-            raise ConfigError(f"mode {settings['mode']!r}: Elephas' modes are synchronous, asynchronous and hogwild "
-                              "(sparkdl_train's allreduce is sparkdl_train.SparkModel(mode='allreduce'))")
+        self._given = {k: plain(v) for k, v in kwargs.items()}  # Elephas keeps every keyword for get_config()
+        settings, self._bad_frequency = elephas_settings(kwargs, plain(self._default_mode), plain(self._unknown_mode),
+                                                         type(self).__name__, quiet)
         keras2_compile(model)
         super().__init__(model, num_workers=num_workers, custom_objects=custom_objects, **settings)
         self.batch_size = batch_size
@@ -89,8 +85,9 @@ class SparkModel(_SparkModel):
         return self._training_histories
 
     def get_config(self) -> dict[str, Any]:
-        return {"num_workers": self.num_workers, "batch_size": self.batch_size, **self._elephas,
-                **{k: v for k, v in self._overrides.items() if k != "num_workers"}}
+        """Elephas' ``{num_workers, batch_size, **kwargs}``: every keyword given, as given (also those that mean
+        nothing here); :attr:`config` is what the fits run with."""
+        return {"num_workers": self.num_workers, "batch_size": self.batch_size, **self._given}
 
     def start_server(self) -> None:
         """Kept for Elephas 2 scripts: servers start and stop with each ``fit``, so this does nothing."""
@@ -103,6 +100,8 @@ class SparkModel(_SparkModel):
         """Train on an RDD of ``(x, y)`` (or a DataFrame); keywords are Keras ``fit``'s that apply
         (``epochs``, ``batch_size``, ``verbose``, ``validation_split``, ``callbacks``, ...). Returns the
         ``History`` (Elephas returned nothing)."""
+        if self._bad_frequency is not None:
+            raise ConfigError(self._bad_frequency)
         arguments = fit_arguments(kwargs)
         arguments.setdefault("batch_size", self.batch_size)
         arguments.setdefault("verbose", 0)
@@ -112,9 +111,9 @@ class SparkModel(_SparkModel):
         return history
 
     def predict(self, data: Any, batch_size: int | None = None, **kwargs: Any) -> Any:
-        """Predictions computed on the executors, collected in order: a numpy array for a numpy array,
-        a list of per-row arrays for an RDD (as Elephas). A DataFrame gets sparkdl_train's prediction
-        column instead (nothing collected)."""
+        """Predictions computed on the executors, collected in order: a list of per-row arrays for a numpy
+        array or an RDD, as Elephas returns (``np.asarray`` stacks it). A DataFrame gets sparkdl_train's
+        prediction column instead (nothing collected)."""
         batch = batch_size or max(self.batch_size, 256)
         if _is_dataframe(data):
             return super().predict(data, batch_size=batch, **kwargs)
@@ -123,7 +122,7 @@ class SparkModel(_SparkModel):
             if len(array) == 0:
                 raise DataError("predict: no rows")
             rdd = to_simple_rdd(_context(), array, np.zeros(len(array), np.int8)).map(lambda pair: pair[0])
-            return np.stack(super().predict(self._rows(rdd, labelled=False), batch_size=batch, **kwargs).collect())
+            return super().predict(self._rows(rdd, labelled=False), batch_size=batch, **kwargs).collect()
         return super().predict(self._rows(data, labelled=False), batch_size=batch, **kwargs).collect()
 
     def evaluate(self, x_test: Any, y_test: Any = None, batch_size: int | None = None, verbose: int = 0, **kwargs: Any) -> Any:
@@ -179,15 +178,23 @@ class AsynchronousSparkModel(SparkModel):
     default; ``hogwild`` and ``frequency='batch'`` (or every N batches) as sparkdl_train runs them."""
 
     _default_mode = Mode.ASYNCHRONOUS
+    _unknown_mode = Mode.HOGWILD  # Elephas' servers lock only for 'asynchronous'
 
     def __init__(self, model: Any, num_workers: int | None = None, custom_objects: dict[str, Any] | None = None,
                  batch_size: int = 32, mode: Any = Mode.ASYNCHRONOUS, frequency: Any = Frequency.EPOCH,
                  parameter_server_mode: str = "http", port: int = 4000, **kwargs: Any):
+        explicit = {"parameter_server_mode": parameter_server_mode, "mode": plain(mode), "frequency": plain(frequency)}
         if parameter_server_mode != "http":  # Elephas' defaults are not worth a warning
             kwargs["parameter_server_mode"] = parameter_server_mode
         if port != 4000:
             kwargs["port"] = port
         super().__init__(model, num_workers, custom_objects, batch_size, mode=mode, frequency=frequency, **kwargs)
+        self._given = {k: v for k, v in self._given.items() if k not in ("port", *explicit)}
+        self._explicit = explicit
+
+    def get_config(self) -> dict[str, Any]:
+        """Elephas' ``SparkModel.get_config()`` plus ``parameter_server_mode``, ``mode`` and ``frequency``."""
+        return {**super().get_config(), **self._explicit}
 
 
 class SparkMLlibModel(SparkModel):
@@ -232,22 +239,10 @@ def load_spark_model(file_name: str, from_hadoop: bool = False, custom_objects: 
         saved = _read_config(local)
         model = keras.models.load_model(local, custom_objects=custom_objects)
     cls = _CLASSES.get(saved.get("class_name"), SparkModel)
-    config = _loadable(dict(saved.get("config") or {}), file_name)
+    config = dict(saved.get("config") or {})  # every keyword the saving model was given, as Elephas stores them
     if getattr(model, "optimizer", None) is None:
         raise ConfigError(f"{file_name} holds a model saved without its compile settings; it cannot be trained")
     return cls(model, custom_objects=custom_objects, _quiet=True, **config)
-
-
-def _loadable(config: dict[str, Any], file_name: str) -> dict[str, Any]:
-    """A saved config without the keyword arguments Elephas stored unchecked (warned about, not fatal:
-    the file was written by a library that accepted them)."""
-    from ..config import all_settings
-
-    known = {s.arg for s in all_settings()} | set(IGNORED_ARGUMENTS) | {"num_workers", "batch_size"}
-    dropped = sorted(k for k in config if k not in known)
-    if dropped:
-        warn_once(f"load:{file_name}", f"{file_name}: saved arguments {dropped} mean nothing to sparkdl_train; ignored")
-    return {k: v for k, v in config.items() if k in known}
 
 
 def _model_suffix(file_name: str) -> str:

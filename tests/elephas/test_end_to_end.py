@@ -46,7 +46,11 @@ def test_training_classification(spark_context, mode, parameter_server_mode, num
     y_train = y_train[:1000]
 
     sgd = SGD(learning_rate=0.1)
-    classification_model.compile(sgd, "categorical_crossentropy", ["acc"])  # Keras 2's positional metrics
+    # Elephas' test compiles with Keras 2's positional ["acc"], which Keras 3 reads as loss_weights: Elephas (and
+    # this layer, as Elephas) re-compiles without them and evaluate returns the loss alone, so its assertions on
+    # evals[0] and evals[1] fail under Elephas itself on Keras 3. The metric is given as a keyword here
+    # (test_keras2_positional_metrics and the regression test below keep the positional form).
+    classification_model.compile(sgd, "categorical_crossentropy", metrics=["acc"])
 
     rdd = to_simple_rdd(spark_context, x_train, y_train)
     spark_model = _spark_model(classification_model, mode, parameter_server_mode, num_workers, frequency)
@@ -57,6 +61,7 @@ def test_training_classification(spark_context, mode, parameter_server_mode, num
     evals = spark_model.evaluate(x_test, y_test)
 
     test_rdd = spark_context.parallelize(x_test)
+    assert isinstance(predictions, list) and len(predictions) == len(x_test)  # added: Elephas' type, a list of rows
     assert [np.argmax(x) for x in predictions] == [np.argmax(x) for x in spark_model.predict(test_rdd)]
     assert [np.argmax(x) for x in predictions] == [np.argmax(x) for x in spark_model.master_network.predict(x_test)]
     assert isclose(evals[0], spark_model.master_network.evaluate(x_test, y_test)[0], abs_tol=0.01)
@@ -92,12 +97,14 @@ def test_training_regression(spark_context, mode, parameter_server_mode, num_wor
     test_rdd = spark_context.parallelize(x_test)
     assert all(np.isclose(x, y, 0.01) for x, y in zip(predictions, spark_model.predict(test_rdd)))
     assert all(np.isclose(x, y, 0.01) for x, y in zip(predictions, spark_model.master_network.predict(x_test)))
-    assert np.allclose(evals, spark_model.master_network.evaluate(x_test, y_test), rtol=1e-3)
+    assert isclose(evals, spark_model.master_network.evaluate(x_test, y_test), abs_tol=0.01)
 
-    # added: the error is within reach of single-process Keras' (and well below predicting the mean)
+    # added: Keras 2's positional metrics dropped as Elephas drops them (the loss alone); the error is within reach
+    # of single-process Keras' (and well below predicting the mean)
+    assert isinstance(evals, float)
     baseline = float(np.mean((y_test - y_train.mean()) ** 2))
-    assert evals[0] < baseline / 2, f"MSE {evals[0]:.3f}, predicting the mean gives {baseline:.3f}"
-    assert evals[0] <= 2.0 * single["loss"] + 0.5, f"MSE {evals[0]:.3f} vs single-process {single['loss']:.3f}"
+    assert evals < baseline / 2, f"MSE {evals:.3f}, predicting the mean gives {baseline:.3f}"
+    assert evals <= 2.0 * single["loss"] + 0.5, f"MSE {evals:.3f} vs single-process {single['loss']:.3f}"
 
 
 def test_training_regression_no_metrics(spark_context, boston_housing_dataset, regression_model, keras_reference):
@@ -115,9 +122,11 @@ def test_training_regression_no_metrics(spark_context, boston_housing_dataset, r
     test_rdd = spark_context.parallelize(x_test)
     assert all(np.isclose(x, y, 0.01) for x, y in zip(predictions, spark_model.predict(test_rdd)))
     assert all(np.isclose(x, y, 0.01) for x, y in zip(predictions, spark_model.master_network.predict(x_test)))
+    assert isclose(spark_model.evaluate(x_test, y_test),
+                   spark_model.master_network.evaluate(x_test, y_test), abs_tol=0.01)
+    # added: the loss alone, as Elephas returns it for a model without metrics, and to float rounding
     evals = spark_model.evaluate(x_test, y_test)
-    assert isinstance(evals, float)  # the loss alone, as Elephas returns it for a model without metrics
-    assert isclose(evals, spark_model.master_network.evaluate(x_test, y_test), rel_tol=1e-3)
+    assert isinstance(evals, float) and isclose(evals, spark_model.master_network.evaluate(x_test, y_test, verbose=0), rel_tol=1e-3)
 
 
 def _listening_data(spark_session, n_users=30, n_tracks=40, rows=3000, seed=5):
@@ -163,9 +172,10 @@ def test_multiple_input_model(spark_session, frequency):
     spark_model.fit(rdd_final, epochs=5, batch_size=32, verbose=0, validation_split=0.1)
     rdd_test_data = rdd_final.map(lambda x: x[0])
     rdd_test_targets = rdd_final.map(lambda x: x[1])
-    predictions = spark_model.predict(rdd_test_data)
+    assert spark_model.predict(rdd_test_data)
+    assert spark_model.evaluate(np.array(rdd_test_data.collect()), np.array(rdd_test_targets.collect()))
+    predictions = spark_model.predict(rdd_test_data)  # added from here
     mse = spark_model.evaluate(np.array(rdd_test_data.collect()), np.array(rdd_test_targets.collect()))
-    assert predictions and mse
 
     # added: a flat [user, track] row feeds the two inputs (as Elephas' hsplit does), and the factors are learned
     targets = np.array(rdd_test_targets.collect())

@@ -54,6 +54,19 @@ def test_serialization_transformer(classification_model, tmp_path):
     assert loaded_model.get_model().to_json() == classification_model.to_json()
 
 
+def test_serialization_transformer_and_predict(spark_context, classification_model, mnist_data, tmp_path):
+    _, _, x_test, y_test = mnist_data
+    df = to_data_frame(spark_context, x_test, y_test, categorical=True)
+    transformer = ElephasTransformer(weights=classification_model.get_weights(), model_type=ModelType.CLASSIFICATION)
+    transformer.set_keras_model_config(classification_model.to_json())
+    transformer.save(str(tmp_path / "test.h5"))
+    loaded_transformer = load_ml_transformer(str(tmp_path / "test.h5"))
+    loaded_transformer.transform(df)
+    # added: the reloaded transformer predicts what the model predicts, on the executors
+    rows = loaded_transformer.transform(df).select("prediction").collect()
+    assert np.allclose(np.array([r.prediction for r in rows]), classification_model.predict(x_test, verbose=0), atol=1e-5)
+
+
 def test_serialization_estimator(classification_model, tmp_path):
     estimator = ElephasEstimator()
     estimator.set_keras_model_config(classification_model.to_json())
@@ -151,6 +164,44 @@ def test_set_cols(spark_context, regression_model, boston_housing_dataset):
     assert metrics.r2 > 0.5, f"r2 {metrics.r2:.3f}"  # added
 
 
+def test_set_cols_deprecated(regression_model):
+    """Elephas' test_set_cols_deprecated: its deprecated setters set the columns and warn (the fit with such
+    columns is test_set_cols')."""
+    with pytest.deprecated_call():
+        sgd = SGD(learning_rate=0.00001)
+        estimator = ElephasEstimator()
+        estimator.set_keras_model_config(regression_model.to_json())
+        estimator.set_optimizer_config(optimizers.serialize(sgd))
+        estimator.setFeaturesCol("scaled_features")
+        estimator.setOutputCol("output")
+        estimator.setLabelCol("ground_truth")
+    for setter in ("setFeaturesCol", "setLabelCol", "setOutputCol"):  # added: each one warns
+        with pytest.deprecated_call(match=setter):
+            getattr(estimator, setter)("x")
+    estimator.set_params(featuresCol="scaled_features", labelCol="ground_truth", outputCol="output")
+    assert (estimator.getFeaturesCol(), estimator.getLabelCol(), estimator.getOutputCol()) == \
+        ("scaled_features", "ground_truth", "output")
+
+
+def test_estimator_takes_any_mode_or_frequency_and_decides_at_fit(spark_session, regression_model):
+    """Elephas' params store any value; its estimator's SparkModel trains synchronously whatever the mode says.
+    Here a known mode is honoured, an unknown one trains synchronously with a warning, and a frequency no
+    engine knows fails the fit naming it."""
+    from sparkdl_train.elephas import ElephasCompatibilityWarning
+    from sparkdl_train.elephas._shim import elephas_settings
+    from sparkdl_train.errors import ConfigError
+
+    estimator = _regression_estimator(regression_model)
+    estimator.set_frequency("fortnightly")
+    with pytest.raises(ConfigError, match="frequency='fortnightly'"):
+        estimator.fit(spark_session.range(1))
+    with pytest.warns(ElephasCompatibilityWarning, match="mode='turbo'.*trains synchronous"):
+        settings, bad = elephas_settings({"mode": "turbo", "frequency": "epoch"}, "asynchronous", "synchronous", "ElephasEstimator")
+    assert settings == {"mode": "synchronous", "frequency": "epoch"} and bad is None
+    assert elephas_settings({"mode": "hogwild", "frequency": 4}, "asynchronous", "synchronous", "E")[0] == \
+        {"mode": "hogwild", "frequency": 4}
+
+
 @pytest.mark.slow
 def test_custom_objects(spark_context, boston_housing_dataset):
     def custom_activation(x):
@@ -180,14 +231,15 @@ def test_batch_predict_classes_probability(spark_context, classification_model, 
     fitted_pipeline = _classification_estimator(classification_model, 1).fit(df)
 
     results = fitted_pipeline.transform(test_df)
+    # Elephas' test_predict_classes_probability makes the same fit (in a Pipeline) and asserts this
+    assert len(results.take(1)[0].prediction) == 10
     inference_batch_size = int(len(y_test) / 10)
     fitted_pipeline.set_params(inference_batch_size=inference_batch_size)
     fitted_pipeline.set_params(outputCol="prediction_via_batch_inference")
     results_with_batch_prediction = fitted_pipeline.transform(results)
     results_np = results_with_batch_prediction.take(1)[0]
     assert len(results_np.prediction) == 10
-    assert len(results_np.prediction_via_batch_inference) == 10
-    assert np.allclose(results_np.prediction, results_np.prediction_via_batch_inference, atol=1e-6)
+    assert np.array_equal(results_np.prediction, results_np.prediction_via_batch_inference)
 
 
 def test_save_pipeline(spark_context, classification_model, mnist_data, tmp_path):

@@ -1,5 +1,6 @@
 """Elephas' Spark ML param mixins (``elephas.ml.params``): each adds one param with Elephas' name,
-default and ``set_*``/``get_*`` pair. ``mode`` and ``frequency`` are checked when set."""
+default and ``set_*``/``get_*`` pair. Any value is accepted when set, as in Elephas (``mode`` and
+``frequency`` are checked when the estimator fits: sparkdl_train.elephas._shim.elephas_settings)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from typing import Any, Callable
 
 from pyspark.ml.param import Param, Params
 
-from ...config import check_setting
 from .._shim import plain
 
 _UNSET = object()
@@ -35,15 +35,8 @@ def _mixin(class_name: str, name: str, doc: str, setter: str, getter: str, defau
     return cls
 
 
-def _mode(value: Any) -> str:
-    value = plain(value)
-    if value not in ("synchronous", "asynchronous", "hogwild"):
-        raise ValueError(f"mode {value!r}: expected one of 'synchronous', 'asynchronous', 'hogwild'")
-    return value
-
-
-def _frequency(value: Any) -> Any:
-    return check_setting("frequency", plain(value))
+def _plain(value: Any) -> Any:
+    return plain(value)
 
 
 HasKerasModelConfig = _mixin("HasKerasModelConfig", "keras_model_config", "the Keras model as JSON (model.to_json())",
@@ -52,9 +45,9 @@ HasKerasOptimizerConfig = _mixin("HasKerasOptimizerConfig", "optimizer_config",
                                  "the optimizer as keras.optimizers.serialize gives it (None: Keras' default, rmsprop)",
                                  "set_optimizer_config", "get_optimizer_config", None)
 HasMode = _mixin("HasMode", "mode", "training mode: synchronous, asynchronous or hogwild", "set_mode", "get_mode",
-                 "asynchronous", _mode)
+                 "asynchronous", _plain)
 HasFrequency = _mixin("HasFrequency", "frequency", "weight exchange: epoch, batch or every N batches",
-                      "set_frequency", "get_frequency", "epoch", _frequency)
+                      "set_frequency", "get_frequency", "epoch", _plain)
 HasNumberOfClasses = _mixin("HasNumberOfClasses", "nb_classes", "number of classes (for categorical labels)",
                             "set_nb_classes", "get_nb_classes", 10)
 HasCategoricalLabels = _mixin("HasCategoricalLabels", "categorical",
