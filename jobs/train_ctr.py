@@ -1,8 +1,10 @@
 """Flagship job: train a CTR model (DeepFM or Wide&Deep) on Criteo-shaped data.
 
-    spark-submit jobs/train_ctr.py                       # embedded default: local[*], generated data
-    spark-submit --master yarn jobs/train_ctr.py --data hdfs:///ctr/parquet --epochs 10
-    spark-submit --master yarn jobs/train_ctr.py --data hdfs:///criteo/day_0.gz   # Criteo's own TSV format
+    ./run job                                           # embedded default: local[*], generated data
+    ./run submit --master yarn jobs/train_ctr.py --data hdfs:///ctr/parquet --epochs 10
+    ./run submit --master yarn jobs/train_ctr.py --data hdfs:///criteo/day_0.gz   # Criteo's own TSV format
+
+(``./run submit`` is the venv's spark-submit with SPARK_HOME set: README, Clusters.)
 
 With no --data the job generates a Parquet dataset with a planted ground-truth
 model (sparkdl_train.datasets.ctr) so that the Bayes-optimal AUC is known.

@@ -11,6 +11,20 @@ import pytest
 from helpers import REFERENCE_EPOCHS, ROOT, digits_split, make_mlp
 
 
+# test files whose tests share the standalone cluster and the packed archive (session fixtures)
+STANDALONE_FILES = ("test_standalone.py", "test_executor_loss.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`.ci/run` runs the slow suite with `-n 2 --dist loadgroup`): all of a test
+    file's tests run on one worker, so its module fixtures (a check script's run, a submitted
+    application) run once, and every test on the standalone cluster runs on the same worker, so one
+    cluster is started and one archive packed. Without xdist the marks do nothing."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("standalone" if name in STANDALONE_FILES else name))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _spark_scratch(tmp_path_factory):
     """Spark's scratch (block manager, broadcast and shuffle files) under this run's pytest
@@ -42,10 +56,16 @@ def _prune_standalone_executors(request):
 
 @pytest.fixture(scope="session")
 def env_archive(tmp_path_factory):
-    """sparkdl_env.tar.gz built by `./run pack` (a regular install, as shipped to a cluster)."""
-    from standalone import pack_environment
+    """sparkdl_env.tar.gz (a regular install, as shipped to a cluster), built by the README's own
+    `./run pack` line (section Clusters), run as written in a clean shell from a scratch folder."""
+    import readme
 
-    return pack_environment(ROOT, str(tmp_path_factory.mktemp("pack") / "sparkdl_env.tar.gz"))
+    where = tmp_path_factory.mktemp("pack")
+    (pack,) = [c for c in readme.commands("Clusters") if c.startswith("./run pack")]
+    readme.run(readme.substitute(pack, {"./run ": os.path.join(ROOT, "run") + " "}), str(where), timeout=1800)
+    archive = where / "sparkdl_env.tar.gz"
+    assert archive.exists(), f"{pack!r} wrote no {archive}"
+    return str(archive)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -206,14 +205,3 @@ class StandaloneCluster:
         self.prune()
         shutil.rmtree(os.path.join(self.root, "local"), ignore_errors=True)
 
-
-def pack_environment(root: str, out: str) -> str:
-    """``./run pack -o OUT``: exactly the README's command; returns the archive's path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "VIRTUAL_ENV"))}
-    env.pop("PYTHONPATH", None)
-    # the interpreter this test's venv was made from: executors and driver then run the same Python
-    env["SDT_PYTHON"] = getattr(sys, "_base_executable", None) or sys.executable
-    proc = subprocess.run([os.path.join(root, "run"), "pack", "-o", out], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return out

@@ -1,18 +1,29 @@
-"""Submitted by tests/test_standalone.py with spark-submit (no master here: the cluster's): SparkModel
-fits on RDDs of (x, y) rows, each as a user builds them, and where and how each ran. Writes
-summary.json to --output; the test asserts on it.
+"""Submitted once by tests/test_standalone.py with spark-submit (no master here: the cluster's) and the
+shipped archive: three jobs in one application, so that the Workers' executors unpack the archive and
+import TensorFlow once for all three (each job's own assertions are the test's):
 
-* ``parallelized``: ``sc.parallelize(list(zip(x, y)))`` as Elephas' to_simple_rdd builds it: the
-  JVM takes the fit's sample from its frames, no Python task;
-* ``mapped``: sparkdl_train's to_simple_rdd (a Python flatMap, not cached): Python tasks read the
-  sample and stay in Spark's pool;
-* ``cached`` then ``cached_again``: the same, cached and counted (every partition cached: the JVM
-  path), then fitted once more (the first fit's sample kept).
+* the flagship job, ``jobs/train_ctr.py`` (``--ctr`` arguments: allreduce, features from Parquet files);
+* the image job, ``jobs/train_images.py`` (``--images`` arguments: PNG bytes decoded on the executors);
+* RDD fits of (x, y) rows, each as a user builds them, and where and how each ran (:func:`rdd_fits`):
+
+  * ``parallelized``: ``sc.parallelize(list(zip(x, y)))`` as Elephas' to_simple_rdd builds it: the
+    JVM takes the fit's sample from its frames, no Python task;
+  * ``mapped``: sparkdl_train's to_simple_rdd (a Python flatMap, not cached): Python tasks read the
+    sample and stay in Spark's pool;
+  * ``cached`` then ``cached_again``: the same, cached and counted (every partition cached: the JVM
+    path), then fitted once more (the first fit's sample kept).
+
+The jobs run with the application's session (their ``main(argv, spark)``), loaded from their files and
+registered with cloudpickle to be pickled by value (the executors cannot import jobs/). Each writes its
+summary into its own folder under ``--output``: ``ctr/summary.json``, ``images/images_summary.json``,
+``rdd/summary.json``.
 """
 
 import argparse
+import importlib.util
 import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -22,13 +33,10 @@ from sparkdl_train import SparkModel, to_simple_rdd
 from sparkdl_train.driver.submit import start_job, where_it_ran
 
 EPOCHS = 6
+JOBS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--output", required=True)
-    args = p.parse_args()
-    spark, _, out_dir = start_job("sparkdl_train-rdd-check", args.output)
+def rdd_fits(spark, out_dir: str) -> None:
     sc = spark.sparkContext
     x, y, xt, yt = digits_split()
     ref = make_mlp()
@@ -58,9 +66,34 @@ def main() -> None:
     cached.count()
     fit("cached", cached)
     fit("cached_again", cached)
+    os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print("rdd fits: " + ", ".join(f"{k} {v['accuracy']:.3f} ({v['sample_source']})" for k, v in summary["fits"].items()))
+
+
+def job(name: str):
+    """jobs/<name>.py as a module whose functions cloudpickle ships by value."""
+    from pyspark import cloudpickle
+
+    spec = importlib.util.spec_from_file_location(f"sparkdl_train_job_{name}", os.path.join(JOBS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--output", required=True)
+    p.add_argument("--ctr", required=True, help="train_ctr.py's arguments, as a JSON list")
+    p.add_argument("--images", required=True, help="train_images.py's arguments, as a JSON list")
+    args = p.parse_args()
+    spark, _, out_dir = start_job("sparkdl_train-standalone-jobs", args.output)
+    job("train_ctr").main([*json.loads(args.ctr), "--output", os.path.join(out_dir, "ctr")], spark=spark)
+    job("train_images").main([*json.loads(args.images), "--output", os.path.join(out_dir, "images")], spark=spark)
+    rdd_fits(spark, os.path.join(out_dir, "rdd"))
     spark.stop()
 
 

@@ -47,10 +47,10 @@ def test_spark_model_signature_and_docs_come_from_the_declarations():
         SparkModel(make_mlp(), mode="asynchronous", stalenes_bound=2)
 
 
-def test_readme_table_is_the_generated_one():
-    text = open(f"{ROOT}/README.md").read()
+def test_configuration_table_is_the_generated_one():
+    text = open(f"{ROOT}/docs/configuration.md").read()
     table = text.split("<!-- settings:begin -->\n", 1)[1].split("\n<!-- settings:end -->", 1)[0]
-    assert table.strip() == settings_markdown().strip(), "README's settings table is stale: python -m sparkdl_train.config"
+    assert table.strip() == settings_markdown().strip(), "docs/configuration.md's table is stale: python -m sparkdl_train.config"
 
 
 def test_resolution_order_and_sources():

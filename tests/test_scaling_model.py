@@ -2,14 +2,9 @@
 ring, queueing and straggler terms it is built from."""
 
 import math
-import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-
-import scaling_model as sm  # noqa: E402
+import scaling_model as sm  # bench/ is on pytest's pythonpath (pyproject.toml)
 
 NET = sm.Network(nic_gbps=25, latency_s=50e-6)
 FREE_SPARK = sm.SparkCosts(stage_s=0.0, task_s=0.0, merge_bytes_per_s=math.inf)

@@ -1,13 +1,16 @@
-"""The flagship job on a real Spark standalone cluster (Master + two Workers, tests/standalone.py),
-submitted with `spark-submit --master spark://...` and the executors' environment shipped as the
-README says: `./run pack` -> `--archives sparkdl_env.tar.gz#environment`. The Workers cannot
-import this checkout, so every assertion about module paths is about the shipped archive."""
+"""Jobs on a real Spark standalone cluster (Master + two Workers, tests/standalone.py), submitted with
+`spark-submit --master spark://...` and the executors' environment shipped as the README says:
+its `./run pack` line -> `--archives sparkdl_env.tar.gz#environment`. The README's own `./run submit`
+line trains the flagship job; tests/standalone_jobs.py runs three more jobs in one application. The
+Workers cannot import this checkout, so every assertion about module paths is about the shipped archive."""
 
+import json
 import os
 import subprocess
 
 import pytest
-from helpers import assert_ran_on_executors, spark_submit
+import readme
+from helpers import HERE, ROOT, assert_ran_on_executors, submit_command
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +31,8 @@ def test_archive_is_a_regular_install_without_test_extras(env_archive):
     for extra in ("pytest", "sklearn", "nbclient", "matplotlib", "tensorboard", "venv_pack"):
         assert extra not in tops, f"{extra} (test-only) is in the archive"
     assert not [n for n in site if "/pyspark/jars/" in n]  # the cluster brings Spark's own jars
+    for unused in ("/tensorflow/include/", "/pandas/tests/", "/pyarrow/tests/", "/pyarrow/include/"):
+        assert not [n for n in site if unused in n], f"{unused} (headers, test suites) is in the archive"
     assert "bin/python" in names
     print(f"sparkdl_env.tar.gz: {size_mb:.0f} MiB, {len(names)} files")  # shown with -rP / in the README
     assert size_mb < 1024, f"{size_mb:.0f} MiB"
@@ -43,41 +48,86 @@ def test_the_workers_python_cannot_import_the_checkout(standalone_cluster):
     assert proc.returncode != 0 and "No module named 'sparkdl_train'" in proc.stderr
 
 
-@pytest.mark.parametrize("mode", ["asynchronous", "allreduce"])
-def test_flagship_job_on_the_standalone_cluster(standalone_cluster, env_archive, tmp_path, mode):
-    args = ["--rows", str(ROWS), "--workers", "2", "--mode", mode, "--epochs", "2"]
-    if mode == "allreduce":  # the features written as Parquet: the barrier tasks read the files with pyarrow
-        args += ["--features-dir", str(tmp_path / "features")]
-    conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g",
-            "spark.sql.execution.arrow.maxRecordsPerBatch=8192"]
-    out, s = spark_submit(standalone_cluster.url, args, tmp_path, conf=conf, archives=env_archive)
-    assert s["data_source"] == ("parquet" if mode == "allreduce" else "spark"), s["data_source"]
-    assert s["master"] == standalone_cluster.url, (s["master"], standalone_cluster.url)
+def _assert_ran_from_the_archive(s, cluster, master=None):
+    assert s["master"] == (master or cluster.url), (s["master"], cluster.url)
     assert_ran_on_executors(s["executor_ids"], s["worker_pids"], s["driver_pid"])
     # the executors ran sparkdl_train from the unpacked archive under a Worker's work dir, never the checkout
     env = s["executor_environment"]
     assert {e[0] for e in env} >= set(s["executor_ids"]), env
     for executor, python, module in env:
-        assert python.endswith("/environment/bin/python") and python.startswith(standalone_cluster.work_dir), python
-        assert module.startswith(standalone_cluster.work_dir) and "/environment/lib/" in module, module
-        assert not module.startswith(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), module
-    assert s["mode"] == mode and s["workers"] == 2 and s["train_rows"] + s["test_rows"] == ROWS
+        assert python.endswith("/environment/bin/python") and python.startswith(cluster.work_dir), python
+        assert module.startswith(cluster.work_dir) and "/environment/lib/" in module, module
+        assert not module.startswith(ROOT), module
+
+
+def test_the_readme_cluster_commands_train_on_the_standalone_cluster(standalone_cluster, env_archive, spark, tmp_path):
+    """README.md's Clusters commands, read from the README and run as written in a shell with no venv
+    activated and no SPARK_HOME, PYSPARK_* or PYTHONPATH: its `./run pack` line built ``env_archive``
+    (conftest), and here its `./run submit` line, with only the master URL and paths substituted,
+    trains the flagship job from that archive on the Workers' executors. SPARK_LOCAL_IP keeps the
+    driver's sockets on loopback, as a multi-homed host's user would set it."""
+    from sparkdl_train.datasets import ctr
+
+    data = str(tmp_path / "ctr")
+    ctr.write(spark, ctr.CTRSpec(rows=ROWS, seed=42), data)
+    (submit,) = [c for c in readme.commands("Clusters") if c.startswith("./run submit")]
+    command = readme.substitute(submit, {"./run ": os.path.join(ROOT, "run") + " ", "spark://master-host:7077": standalone_cluster.url,
+                                         "/shared/ctr": data, "jobs/train_ctr.py": os.path.join(ROOT, "jobs", "train_ctr.py")})
+    where = os.path.dirname(env_archive)  # the folder the README's pack line wrote sparkdl_env.tar.gz into
+    proc = readme.run(command, where, timeout=1200, SPARK_LOCAL_IP="127.0.0.1")
+    out = proc.stdout + proc.stderr
+    with open(os.path.join(where, "output", "summary.json")) as f:
+        s = json.load(f)
+    _assert_ran_from_the_archive(s, standalone_cluster)
+    workers = int(submit.split("--workers", 1)[1].split()[0])
+    assert s["mode"] == "asynchronous" and s["workers"] == workers and s["train_rows"] + s["test_rows"] == ROWS, s
+    assert s["data_source"] == "spark", s["data_source"]  # the job's features, computed and cached by Spark
     assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, (s["test_auc"], s["bayes_auc"])
-    if mode == "allreduce":
-        assert s["communication"]["engine"] == "allreduce"
-    else:
-        assert s["communication"]["engine"] == "parameter_server" and s["communication"]["pushes"] > 0
+    assert s["communication"]["engine"] == "parameter_server" and s["communication"]["pushes"] > 0
+    assert "test AUC" in proc.stdout and "\r" not in out  # one progress line per interval under spark-submit
+
+
+@pytest.fixture(scope="module")
+def jobs_app(standalone_cluster, env_archive, tmp_path_factory):
+    """tests/standalone_jobs.py submitted once: the flagship job with allreduce, the image job and RDD fits
+    in one application on the Workers' executors, from the shipped archive (one unpack per executor for
+    the three). Returns its output (stdout + stderr) and the three summaries."""
+    out = tmp_path_factory.mktemp("standalone_jobs")
+    ctr_args = ["--rows", str(ROWS), "--workers", "2", "--mode", "allreduce", "--epochs", "2", "--features-dir", str(out / "features")]
+    # 2 renderings per digit: with 1 (1,440 training images) asynchronous/batch reached 0.51 against Keras' 0.77 here;
+    # with 2, in-process on local[2]: 0.768 against 0.825
+    image_args = ["--copies", "2", "--workers", "2", "--epochs", "8", "--transform-threads", "2"]
+    conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g",
+            "spark.sql.execution.arrow.maxRecordsPerBatch=8192"]
+    cmd, env = submit_command(standalone_cluster.url, ["--ctr", json.dumps(ctr_args), "--images", json.dumps(image_args)], out,
+                              conf=conf, archives=env_archive, job=os.path.join(HERE, "standalone_jobs.py"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    summaries = {}
+    for name, file in (("ctr", "summary.json"), ("images", "images_summary.json"), ("rdd", "summary.json")):
+        with open(out / name / file) as f:
+            summaries[name] = json.load(f)
+    return proc.stdout + proc.stderr, summaries
+
+
+def test_flagship_job_with_allreduce_on_the_standalone_cluster(standalone_cluster, jobs_app):
+    out, summaries = jobs_app
+    s = summaries["ctr"]
+    assert "test AUC" in out and "Bayes-optimal" in out
+    assert s["data_source"] == "parquet", s["data_source"]  # the features written as Parquet, read by the barrier tasks
+    _assert_ran_from_the_archive(s, standalone_cluster)
+    assert s["mode"] == "allreduce" and s["workers"] == 2 and s["train_rows"] + s["test_rows"] == ROWS
+    assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, (s["test_auc"], s["bayes_auc"])
+    assert s["communication"]["engine"] == "allreduce"
     assert "\r" not in out  # one progress line per interval under spark-submit, no bar redraws
 
 
-def test_image_job_decodes_png_bytes_on_the_standalone_executors(standalone_cluster, env_archive, tmp_path):
+def test_image_job_decodes_png_bytes_on_the_standalone_executors(standalone_cluster, jobs_app):
     """jobs/train_images.py: PNG files read as bytes, decoded by the batch transform (2 threads per task)
     on the executors, from the shipped archive (Pillow included), as accurate as single-process Keras."""
-    # 2 renderings per digit: with 1 (1,440 training images) asynchronous/batch reached 0.51 against Keras' 0.77 here;
-    # with 2, in-process on local[2]: 0.768 against 0.825
-    args = ["--copies", "2", "--workers", "2", "--epochs", "8", "--transform-threads", "2"]
-    conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g"]
-    out, s = spark_submit(standalone_cluster.url, args, tmp_path, conf=conf, archives=env_archive, job="train_images.py")
+    out, summaries = jobs_app
+    s = summaries["images"]
+    assert "test accuracy" in out
     assert s["master"] == standalone_cluster.url
     assert_ran_on_executors(s["executor_ids"], s["worker_pids"], s["driver_pid"])
     for _, python, module in s["executor_environment"]:
@@ -86,15 +136,14 @@ def test_image_job_decodes_png_bytes_on_the_standalone_executors(standalone_clus
     assert s["test_accuracy"] > 0.5 and s["test_accuracy"] >= s["reference_test_accuracy"] - 0.1, s
 
 
-def test_rdd_fits_on_the_standalone_executors_sample_without_costing_a_python_worker(standalone_cluster, env_archive, tmp_path):
-    """tests/standalone_rdd_job.py: RDD fits (Elephas' parallelized rows, to_simple_rdd's Python
-    flatMap, the same cached) on the Workers' executors from the shipped archive. The sample is
-    the JVM's take where no Python task would compute it (parallelized, every partition cached),
-    Python tasks otherwise, a cached RDD's earlier sample for a later fit; whichever way, no Python
-    worker is lost: every first-epoch task trains on a worker the prepare job built and traced."""
-    conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g"]
-    _, s = spark_submit(standalone_cluster.url, [], tmp_path, conf=conf, archives=env_archive,
-                        job=os.path.join(os.path.dirname(os.path.abspath(__file__)), "standalone_rdd_job.py"))
+def test_rdd_fits_on_the_standalone_executors_sample_without_costing_a_python_worker(standalone_cluster, jobs_app):
+    """RDD fits (Elephas' parallelized rows, to_simple_rdd's Python flatMap, the same cached) on the
+    Workers' executors from the shipped archive (tests/standalone_jobs.py). The sample is the JVM's take
+    where no Python task would compute it (parallelized, every partition cached), Python tasks otherwise,
+    a cached RDD's earlier sample for a later fit; whichever way, no Python worker is lost: every
+    first-epoch task trains on a worker the prepare job built and traced."""
+    _, summaries = jobs_app
+    s = summaries["rdd"]
     expected = {"parallelized": "jvm", "mapped": "python", "cached": "jvm", "cached_again": "kept"}
     assert {name: f["sample_source"] for name, f in s["fits"].items()} == expected
     for name, f in s["fits"].items():
