@@ -10,7 +10,6 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import pytest
 from helpers import REFERENCE_EPOCHS, ROOT, digits_split, make_mlp
 
-
 # test files whose tests share the standalone cluster and the packed archive (session fixtures)
 STANDALONE_FILES = ("test_standalone.py", "test_executor_loss.py")
 
