@@ -10,19 +10,6 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import pytest
 from helpers import REFERENCE_EPOCHS, ROOT, digits_split, make_mlp
 
-# test files whose tests share the standalone cluster and the packed archive (session fixtures)
-STANDALONE_FILES = ("test_standalone.py", "test_executor_loss.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`.ci/run` runs the slow suite with `-n 2 --dist loadgroup`): all of a test
-    file's tests run on one worker, so its module fixtures (a check script's run, a submitted
-    application) run once, and every test on the standalone cluster runs on the same worker, so one
-    cluster is started and one archive packed. Without xdist the marks do nothing."""
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("standalone" if name in STANDALONE_FILES else name))
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _spark_scratch(tmp_path_factory):
@@ -115,3 +102,4 @@ def reference_accuracy(digits):
 @pytest.fixture
 def mlp():
     return make_mlp
+

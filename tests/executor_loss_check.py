@@ -1,5 +1,5 @@
 """Lose an executor JVM, or a whole node, in the middle of a fit on the standalone cluster, for
-each engine; write the measurements to ``OUT/loss.json``. Submitted by tests/test_executor_loss.py
+each engine; write the measurements to ``OUT/loss.json``. Submitted by tests/test_standalone.py
 with ``spark-submit --master spark://... --archives sparkdl_env.tar.gz#environment``.
 
 The training data is a cached DataFrame, read through a paced ``mapInArrow`` (:func:`paced`). A
