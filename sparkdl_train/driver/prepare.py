@@ -52,13 +52,23 @@ class PendingPrepare:
         self.tasks = tasks
         self.reports: list[dict[str, Any]] = []
 
-    def go_ahead(self, timeout: float) -> None:
+    def go_ahead(self, timeout: float, spread: bool = False) -> None:
         """Let the fit's first epoch go on once this job is submitted (waiting up to ``timeout``
         seconds for that), not once it has ended: Spark's FIFO scheduler gives the job submitted
         first the free slots, so the epoch's tasks start as these end, without the driver's round
         trip between the two jobs. The job is cancelled if it has not ended ``timeout`` seconds
-        from now (its tasks would hold the epoch's slots); :meth:`finish` collects it."""
+        from now (its tasks would hold the epoch's slots); :meth:`finish` collects it.
+
+        ``spread`` (several executors): wait until the job has ended instead. Queued behind it, the
+        epoch's tasks take slots as single prepare tasks end, so an executor whose prepare task is
+        slow (a Python worker still starting) can leave both of a short epoch's tasks to the other
+        one, and the first epoch runs narrower than the cluster (seen on a loaded local-cluster).
+        Offered every slot at once, Spark places them one per free slot, across executors."""
         if self._call is None:
+            return
+        if spread:
+            if not self._call.wait(timeout):
+                self._late(timeout)
             return
         if self._submitted is not None:
             self._submitted.wait(timeout)

@@ -94,6 +94,12 @@ def expected_executors(master: str, conf: dict[str, str]) -> Expected | None:
     return None
 
 
+def on_cluster(sc: Any) -> bool:
+    """Whether ``sc`` runs executors apart from the driver (``local-cluster`` included), not ``local[*]``."""
+    master = getattr(sc, "master", None) or ""
+    return bool(master) and (not master.startswith("local") or master.startswith("local-cluster"))
+
+
 def registered(sc: Any, task_cpus: int = 1) -> tuple[int, int]:
     """(executors, cores) registered with the scheduler now (cores: concurrent task slots x
     ``spark.task.cpus``)."""
@@ -115,7 +121,7 @@ def wait_for_executors(sc: Any, timeout: float, slots_needed: int | None = None,
     None where nothing is expected (local masters, no count in the conf)."""
     from .spark_conf import conf_values
 
-    if sc is None or not sc.master or (sc.master.startswith("local") and not sc.master.startswith("local-cluster")):
+    if not on_cluster(sc):
         return None
     conf = conf_values(sc, _KEYS)
     expected = expected_executors(sc.master, conf)

@@ -28,7 +28,7 @@ from .phases import Phases
 from .preflight import PendingCheck
 from .prepare import PendingPrepare, remember_sample, start_prepare
 from .progress import FitProgress
-from .registration import wait_for_executors
+from .registration import on_cluster, wait_for_executors
 from .session import SharedRefs
 from .spark_conf import conf_values, settings_conf
 from .stats import EpochStats, FitStats
@@ -247,7 +247,7 @@ class SparkModel:
                 environment = check.result() if check is not None else None
             if prepare is not None:
                 with phases("prepare"):  # the wait for its job's submission: the epoch's tasks queue behind its tasks
-                    prepare.go_ahead(config.core.preflight_timeout)
+                    prepare.go_ahead(config.core.preflight_timeout, spread=on_cluster(sc))
                 prepare.confirms(batch)
             self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                                   master=sc.master if sc is not None else None, environment=environment)
