@@ -52,6 +52,7 @@ _CONFIG_ATTR = "distributed_config"
 _ONE_HOT = "__elephas_one_hot_label"
 _WEIGHTS_FILE = "weights.npz"
 
+
 class ElephasEstimator(Estimator, HasCategoricalLabels, HasValidationSplit, HasKerasModelConfig, HasFeaturesCol,
                        HasLabelCol, HasMode, HasEpochs, HasBatchSize, HasFrequency, HasVerbosity, HasNumberOfClasses,
                        HasNumberOfWorkers, HasOutputCol, HasLoss, HasMetrics, HasKerasOptimizerConfig, HasCustomObjects,
@@ -138,9 +139,11 @@ class ElephasEstimator(Estimator, HasCategoricalLabels, HasValidationSplit, HasK
                                   custom_objects=self.get_custom_objects(),
                                   model_type=LossModelTypeMapper().get_model_type(self.get_loss()), history=per_epoch)
 
+
 def _deprecated(setter: str, param: str) -> None:
     warnings.warn(f"{setter} is deprecated in Spark 3.0.x+ - please supply {param} in the constructor i.e; "
                   f"ElephasEstimator({param}='foo')", DeprecationWarning, stacklevel=3)
+
 
 class ElephasTransformer(Model, HasKerasModelConfig, HasLabelCol, HasOutputCol, HasFeaturesCol, HasCustomObjects,
                          HasInferenceBatchSize, MLWritable, MLReadable):
@@ -205,6 +208,7 @@ class ElephasTransformer(Model, HasKerasModelConfig, HasLabelCol, HasOutputCol, 
     def read(cls) -> MLReader:
         return _TransformerReader()
 
+
 class _TransformerWriter(MLWriter):
     """Spark ML metadata for the params, the weights as ``weights.npz`` beside it (any Hadoop path)."""
 
@@ -226,6 +230,7 @@ class _TransformerWriter(MLWriter):
         np.savez(buf, *[np.asarray(w) for w in (inst.weights or [])])
         FileSystem(self.sc).write_bytes(join(path, _WEIGHTS_FILE), buf.getvalue())
 
+
 class _TransformerReader(MLReader):
     def load(self, path: str) -> ElephasTransformer:
         from ..fs import FileSystem, join
@@ -241,10 +246,12 @@ class _TransformerReader(MLReader):
         inst._history = metadata.get("history") or []
         return inst
 
+
 def load_ml_estimator(file_name: str) -> ElephasEstimator:
     """An estimator from the HDF5 file ``ElephasEstimator.save`` (or Elephas) wrote."""
     config = _read_config(file_name)
     return ElephasEstimator(**{k: v for k, v in config.items() if v is not None})  # None: left at its default
+
 
 def load_ml_transformer(file_name: str) -> ElephasTransformer:
     """A transformer from the HDF5 file ``ElephasTransformer.save`` (or Elephas) wrote."""
@@ -252,11 +259,13 @@ def load_ml_transformer(file_name: str) -> ElephasTransformer:
     config["weights"] = [np.asarray(w, dtype=np.float32) for w in config.get("weights") or []] or None
     return ElephasTransformer(**config)
 
+
 def _write_config(file_name: str, class_name: str, config: dict[str, Any]) -> None:
     import h5py
 
     with h5py.File(file_name, mode="w") as f:
         f.attrs[_CONFIG_ATTR] = json.dumps({"class_name": class_name, "config": config}, cls=ModelTypeEncoder).encode("utf8")
+
 
 def _read_config(file_name: str) -> dict[str, Any]:
     import h5py
@@ -267,10 +276,12 @@ def _read_config(file_name: str) -> dict[str, Any]:
         raise ConfigError(f"{file_name} holds no Elephas stage (no {_CONFIG_ATTR!r} attribute)")
     return dict(json.loads(raw, object_hook=as_enum).get("config") or {})
 
+
 def _model_from_json(config: str, custom_objects: dict[str, Any] | None) -> Any:
     import keras
 
     return keras.models.model_from_json(config, custom_objects=custom_objects or None)
+
 
 def _ml_vectors(df: Any, column: str) -> Any:
     """``df`` with an MLlib vector ``column`` turned into an ML vector (Elephas' ``to_data_frame`` made MLlib ones)."""
@@ -281,6 +292,7 @@ def _ml_vectors(df: Any, column: str) -> Any:
 
         return MLUtils.convertVectorColumnsToML(df, column)
     return df
+
 
 def _one_hot(df: Any, label: str, nb_classes: int) -> Any:
     """``df`` with the class-index column ``label`` one-hot encoded in a new float-array column (Spark SQL,
