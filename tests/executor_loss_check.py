@@ -2,7 +2,7 @@
 each engine; write the measurements to ``OUT/loss.json``. Submitted by tests/test_standalone.py
 with ``spark-submit --master spark://... --archives sparkdl_env.tar.gz#environment``.
 
-The training data is a cached DataFrame, read through a paced ``mapInArrow`` (:func:`paced`). A
+The training data is a cached DataFrame, read through a paced ``mapInArrow`` (:func:`pacer`). A
 driver-side callback fires on the first live report of the second epoch and picks the
 application's executor with the lowest id:
 
@@ -30,17 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 EPOCHS = 3
 COPIES = 4  # the digits four times
 PACE = (32, 0.01)  # the fit reads its rows 32 at a time, 10 ms apart: an epoch's task runs about 0.9 s
-
-
-def paced(batches):
-    """mapInArrow function between the cached DataFrame and the fit: the rows come slowly, so every
-    epoch's tasks run long after their first live report and the kill lands in a running task (a
-    warm epoch of these rows takes under the report interval, and its only report can be its last)."""
-    rows, pause = PACE
-    for batch in batches:
-        for start in range(0, batch.num_rows, rows):
-            time.sleep(pause)
-            yield batch.slice(start, rows)
+TASK_SECONDS = 0.9
 
 
 def _cmdline(pid: int) -> str:
@@ -54,6 +44,44 @@ def _cmdline(pid: int) -> str:
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _executor_jvm() -> int:
+    """The executor JVM above this Python worker (worker -> pyspark daemon -> executor)."""
+    pid = os.getpid()
+    while pid > 1:
+        pid = _parent(pid)
+        if "CoarseGrainedExecutorBackend" in _cmdline(pid):
+            return pid
+    return 0
+
+
+def pacer(marks: str):
+    """mapInArrow function between the cached DataFrame and the fit: the rows come slowly, so every
+    epoch's tasks run long after their first live report and the kill lands in a running task (a
+    warm epoch of these rows takes under the report interval, and its only report can be its last).
+
+    While it yields, a task keeps a mark in ``marks`` named after its executor's JVM pid: the loss
+    callback picks its victim among the executors running a task now, which Spark's status store
+    cannot say (it lags task starts and ends by up to a second, longer than a task here)."""
+
+    def paced(batches):
+        from pyspark import TaskContext
+
+        rows, pause = PACE
+        ctx = TaskContext.get()
+        mark = os.path.join(marks, f"{_executor_jvm()}-{ctx.stageId()}-{ctx.partitionId()}-{ctx.attemptNumber()}")
+        with open(mark, "w"):
+            pass
+        try:
+            for batch in batches:
+                for start in range(0, batch.num_rows, rows):
+                    time.sleep(pause)
+                    yield batch.slice(start, rows)
+        finally:
+            os.unlink(mark)
+
+    return paced
 
 
 def app_executors(app_id: str) -> dict[str, int]:
@@ -83,20 +111,32 @@ def cached_partitions(spark) -> int:
     return sum(i.numCachedPartitions() for i in infos)
 
 
-def running_tasks(spark) -> dict[str, int]:
-    """Executor id -> tasks running on it now, from Spark's status store (the Spark UI's data)."""
-    listed = spark.sparkContext._jsc.sc().statusStore().executorList(True)
-    return {str(listed.apply(i).id()): int(listed.apply(i).activeTasks()) for i in range(listed.size())}
+def running_executors(marks: str, fresh: float) -> set[int]:
+    """JVM pids of the executors running a paced task that started under ``fresh`` seconds ago (so
+    most of it is still to run when the kill lands)."""
+    now = time.time()
+    found = set()
+    for name in os.listdir(marks):
+        try:
+            age = now - os.stat(os.path.join(marks, name)).st_mtime
+        except FileNotFoundError:  # the task ended meanwhile
+            continue
+        if age < fresh:
+            found.add(int(name.split("-")[0]))
+    return found
 
 
-def make_loss(kind: str, spark, record: dict):
+def make_loss(kind: str, spark, record: dict, marks: str, barrier: bool):
     import keras
 
     class Lose(keras.callbacks.Callback):
         """On the first live report of epoch 2, lose the lowest-numbered executor (or its node) that is
-        running one of the epoch's tasks. Not simply the lowest-numbered: an epoch's two tasks need not
-        start together, and one that has already finished loses only its cached partition, so nothing is
-        retried (a CI run failed on that)."""
+        running one of the epoch's tasks, started under half a task's time ago. Not simply the
+        lowest-numbered: an epoch's two tasks need not start together, and one that has already
+        finished loses only its cached partition, so nothing is retried (CI runs failed on that, and
+        on picking by Spark's status store, whose running-task counts lag). A ``barrier`` stage's
+        tasks run from their common start to the last ring step: every executor runs one (and the
+        allreduce engine reads its own copy of the data, not the paced one)."""
 
         epoch = -1
 
@@ -107,8 +147,11 @@ def make_loss(kind: str, spark, record: dict):
             if self.epoch != 1 or "at" in record:
                 return
             executors = app_executors(spark.sparkContext.applicationId)
-            busy = running_tasks(spark)
-            running = [e for e in executors if busy.get(e, 0) > 0]
+            if barrier:
+                running = list(executors)
+            else:
+                busy = running_executors(marks, fresh=TASK_SECONDS / 2)
+                running = [e for e, pid in executors.items() if pid in busy]
             if not running:
                 return  # the next report
             victim = min(running, key=int)
@@ -127,7 +170,7 @@ def make_loss(kind: str, spark, record: dict):
     return Lose()
 
 
-def run_case(spark, data, name, kind, make_sm, n, xt, yt):
+def run_case(spark, data, name, kind, make_sm, n, xt, yt, marks):
     from fault_check import fit_record, listening_sockets, sdt_threads
     from helpers import make_mlp, settle
 
@@ -138,7 +181,7 @@ def run_case(spark, data, name, kind, make_sm, n, xt, yt):
     out = {"name": name, "kind": kind, "engine": name.split("/")[0]}
     start = time.monotonic()
     try:
-        callbacks = [make_loss(kind, spark, record)] if kind != "none" else []
+        callbacks = [make_loss(kind, spark, record, marks, barrier=name.startswith("allreduce"))] if kind != "none" else []
         hist = sm.fit(data, epochs=EPOCHS, batch_size=16, verbose=0, feature_cols="features", label_col="label",
                       callbacks=callbacks)
         out.update(ok=True, epochs=len(hist.history["loss"]),
@@ -167,12 +210,17 @@ def main(out_dir: str, only: str | None) -> None:
 
     spark = SparkSession.builder.appName("sparkdl_train-executor-loss").getOrCreate()
     spark.sparkContext.setLogLevel("FATAL")
+    # between the paced mapInArrow and the fit's, Spark regroups rows into Arrow batches of this many:
+    # at its default (10,000) the fit would see a partition only once all of it had been paced
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(PACE[0]))
     x, y, xt, yt = digits_split()
     x, y = np.tile(x, (COPIES, 1)), np.tile(y, COPIES)
     df = spark.createDataFrame([(r.tolist(), int(label)) for r, label in zip(x, y)], "features array<float>, label long")
     df = df.coalesce(2).cache()
     assert df.count() == len(x)
-    data = df.mapInArrow(paced, df.schema)  # the cache stays below it: a lost executor loses cached partitions
+    marks = os.path.join(out_dir, "running")
+    os.makedirs(marks, exist_ok=True)
+    data = df.mapInArrow(pacer(marks), df.schema)  # the cache stays below it: a lost executor loses cached partitions
 
     common = dict(num_workers=2, shuffle_buffer_size=256)
     engines = {
@@ -189,10 +237,10 @@ def main(out_dir: str, only: str | None) -> None:
         name = f"{engine}/{kind}"
         if only and name not in only.split(","):
             continue
-        results.append(run_case(spark, data, name, kind, engines[engine], len(x), xt, yt))
+        results.append(run_case(spark, data, name, kind, engines[engine], len(x), xt, yt, marks))
         print("CASE " + json.dumps(results[-1]), flush=True)
     # the session still trains normally after all of it
-    after = run_case(spark, data, "after/none", "none", engines["sync-ps"], len(x), xt, yt)
+    after = run_case(spark, data, "after/none", "none", engines["sync-ps"], len(x), xt, yt, marks)
     with open(os.path.join(out_dir, "loss.json"), "w") as f:
         json.dump({"n": len(x), "cases": results, "after": after}, f)
     spark.stop()
