@@ -10,6 +10,7 @@ Keras no longer has, and ``tests/test_compat.py`` fails naming them when an upgr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -40,8 +41,9 @@ def symbolic_build(model: Any, batch: Any) -> None:
     build = getattr(model, "_symbolic_build", None)
     if build is None:
         return
+    strategy = getattr(model, "distribute_strategy", None)  # TensorFlow's; JAX models have none
     try:
-        with model.distribute_strategy.scope():
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
             build(data_batch=batch)
     except Exception as exc:  # noqa: BLE001 - its first step builds it, or fails with the real error
         log.debug("symbolic build of %s failed, left to the first step: %s", getattr(model, "name", model), exc)
@@ -110,3 +112,20 @@ def missing(model: Any) -> list[str]:
         if not present:
             out.append(f"{owner}.{attr}")
     return out
+
+
+def assign_raw(variable: Any, value: Any) -> None:
+    """Give a Keras variable a new value of its own shape and dtype without ``assign``'s checks and
+    conversion (JAX: the array a compiled step returned); ``assign`` where Keras has no such hook."""
+    direct = getattr(variable, "_direct_assign", None)
+    if direct is None:
+        variable.assign(value)
+    else:
+        direct(value)
+
+
+def jax_update_metrics(model: Any, metrics_variables: Any, loss: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+    """JAX: the metric variables' new values after a step's loss tracker and compiled metrics update
+    (statelessly), as Keras' own JAX ``train_step`` computes them."""
+    _, new = model._update_metrics_variables(metrics_variables, loss, x, y, y_pred, sample_weight)
+    return new

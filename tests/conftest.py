@@ -43,14 +43,25 @@ def _prune_standalone_executors(request):
 @pytest.fixture(scope="session")
 def env_archive(tmp_path_factory):
     """sparkdl_env.tar.gz (a regular install, as shipped to a cluster), built by the README's own
-    `./run pack` line (section Clusters), run as written in a clean shell from a scratch folder."""
+    `./run pack` line (section Clusters), run as written in a clean shell from a scratch folder.
+    Under pytest-xdist it is built once for all workers, in the folder their base temps share,
+    under a file lock (the first worker to need it packs; the others wait and reuse it)."""
+    import fcntl
+
     import readme
 
-    where = tmp_path_factory.mktemp("pack")
-    (pack,) = [c for c in readme.commands("Clusters") if c.startswith("./run pack")]
-    readme.run(readme.substitute(pack, {"./run ": os.path.join(ROOT, "run") + " "}), str(where), timeout=1800)
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    where = shared / "pack"
     archive = where / "sparkdl_env.tar.gz"
-    assert archive.exists(), f"{pack!r} wrote no {archive}"
+    with open(shared / "pack.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held while packing: about 1.5 min
+        if not (where / "done").exists():
+            where.mkdir(exist_ok=True)
+            (pack,) = [c for c in readme.commands("Clusters") if c.startswith("./run pack")]
+            readme.run(readme.substitute(pack, {"./run ": os.path.join(ROOT, "run") + " "}), str(where), timeout=1800)
+            assert archive.exists(), f"{pack!r} wrote no {archive}"
+            (where / "done").write_text("packed\n")
     return str(archive)
 
 

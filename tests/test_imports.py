@@ -111,3 +111,31 @@ def test_the_package_exports_load_lazily_and_all_resolve():
             "assert loaded == [], loaded; assert set(s.__all__) == set(s._EXPORTS); [getattr(s, n) for n in s.__all__]; "
             "assert 'numpy' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+FRAMEWORKS = {"tensorflow": "sparkdl_train.backend.tensorflow", "jax": "sparkdl_train.backend.jax"}
+
+
+def test_only_its_backend_module_imports_a_framework():
+    """The backend seam: ``import tensorflow`` / ``import jax`` (anywhere in a file, inside
+    functions too) only in sparkdl_train/backend/<framework>.py."""
+    found = []
+    for d, _, files in os.walk(ROOT):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(d, f)
+            mod = _module(path)
+            for node in ast.walk(ast.parse(open(path).read())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in FRAMEWORKS and FRAMEWORKS[top] != mod:
+                        found.append(f"{mod}: import {name}")
+    assert found == [], found
+    assert all(os.path.exists(os.path.join(ROOT, "backend", m.rsplit(".", 1)[1] + ".py")) for m in FRAMEWORKS.values())

@@ -299,7 +299,7 @@ def test_a_replys_dense_weights_are_one_flat_view_of_the_receive_buffer():
     """The compiled path moves the dense weights as one flat vector: a reply's arrays lie back to
     back in the receive buffer, so the vector is a view of it (no copy); arrays elsewhere are copied."""
     from sparkdl_train import wire
-    from sparkdl_train.worker.sparse import _VariableIO
+    from sparkdl_train.backend.tensorflow import VariableIO as _VariableIO
 
     m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
     io = _VariableIO.of(m, [0, 1, 2, 3], [])

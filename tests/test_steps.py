@@ -6,9 +6,10 @@ import pytest
 from helpers import make_mlp
 
 from sparkdl_train import _compat
+from sparkdl_train.backend.tensorflow import open_rows_spec
 from sparkdl_train.data.batching import rebatch
 from sparkdl_train.model_io import get_metric_state, get_state, load_archive, serialize_model
-from sparkdl_train.worker.steps import GROUP_BYTES, compiled_step, group_size, instantiate, open_rows_spec, predict_batches, run_steps, traces
+from sparkdl_train.worker.steps import GROUP_BYTES, compiled_step, group_size, instantiate, predict_batches, run_steps, traces
 
 
 def _worker_model(**kwargs):

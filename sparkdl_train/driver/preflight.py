@@ -32,7 +32,11 @@ from .background import SparkCall
 
 log = logging.getLogger(__name__)
 
-MODULES = ("sparkdl_train", "keras", "tensorflow")
+MODULES = ("sparkdl_train", "keras", "tensorflow")  # with the TensorFlow backend; JAX: jax in its place
+
+
+def modules_for(keras_backend: str) -> tuple[str, ...]:
+    return ("sparkdl_train", "keras", "jax" if keras_backend == "jax" else "tensorflow")
 ALSO = {"sparkdl_train": ("sparkdl_train.worker.tasks",)}
 FIX = (
     "Ship the driver's environment to the executors: build it with `./run pack` (sparkdl_env.tar.gz, a regular "
@@ -62,6 +66,8 @@ def probe(index, _rows):
     for name in MODULES:
         try:
             mod = importlib.import_module(name)
+            if name == "keras":
+                out["keras_backend"] = mod.backend.backend()
             for part in ALSO.get(name, ()):  # the package itself loads lazily: import what tasks run
                 importlib.import_module(part)
             out["modules"][name] = {"version": str(getattr(mod, "__version__", "")), "file": getattr(mod, "__file__", None)}
@@ -81,19 +87,19 @@ def probe_arrow(batches):
     yield pyarrow.RecordBatch.from_pydict({"report": list(probe(ctx.partitionId() if ctx else 0, None))})
 '''
 
-_checked: dict[tuple[str, str], list[dict[str, Any]]] = {}
-_pending: dict[tuple[str, str], "PendingCheck"] = {}
+_checked: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+_pending: dict[tuple[str, str, str], "PendingCheck"] = {}
 _lock = threading.Lock()
 
 
-def _probe_function(name: str = "probe") -> Any:
-    namespace: dict[str, Any] = {"__name__": "sparkdl_train_executor_probe", "MODULES": MODULES, "ALSO": ALSO}
+def _probe_function(name: str = "probe", keras_backend: str = "tensorflow") -> Any:
+    namespace: dict[str, Any] = {"__name__": "sparkdl_train_executor_probe", "MODULES": modules_for(keras_backend), "ALSO": ALSO}
     exec(compile(_PROBE_SOURCE, "<sparkdl_train executor probe>", "exec"), namespace)  # noqa: S102 - our own source
     return namespace[name]
 
 
-def _key(sc: Any, session: Any) -> tuple[str, str]:
-    return (sc.applicationId, "rdd" if session is None else "arrow")
+def _key(sc: Any, session: Any, keras_backend: str = "tensorflow") -> tuple[str, str, str]:
+    return (sc.applicationId, "rdd" if session is None else "arrow", keras_backend)
 
 
 def driver_versions() -> dict[str, str]:
@@ -101,7 +107,7 @@ def driver_versions() -> dict[str, str]:
 
     from .. import __version__
 
-    return {"sparkdl_train": __version__, "keras": keras.__version__}
+    return {"sparkdl_train": __version__, "keras": keras.__version__, "keras_backend": keras.backend.backend()}
 
 
 def _minor(version: str) -> tuple[str, ...]:
@@ -112,7 +118,8 @@ def problems(driver: dict[str, str], report: dict[str, Any]) -> list[str]:
     """What stops one executor's environment from running the driver's sparkdl_train (pure)."""
     mods = report.get("modules", {})
     out = []
-    for name in MODULES:
+    wanted = driver.get("keras_backend", "tensorflow")
+    for name in modules_for(wanted):
         got = mods.get(name) or {"error": "not reported"}
         if "error" in got:
             out.append(f"cannot import {name} ({got['error']})")
@@ -122,6 +129,11 @@ def problems(driver: dict[str, str], report: dict[str, Any]) -> list[str]:
     ks = mods.get("keras", {})
     if "version" in ks and _minor(ks["version"]) != _minor(driver["keras"]):
         out.append(f"keras {ks['version']}, but the driver runs keras {driver['keras']} (major.minor must match)")
+    got = report.get("keras_backend")
+    if got is not None and got != wanted:
+        out.append(f"Keras runs on the {got!r} backend there, but the driver's model on {wanted!r} (set "
+                   f"spark.executorEnv.KERAS_BACKEND={wanted}; sparkdl_train sets it for its own stages unless the "
+                   f"application's spark.executorEnv.KERAS_BACKEND says otherwise)")
     return out
 
 
@@ -154,7 +166,8 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
         if not cfg.core.preflight:
             return []
         timeout = cfg.core.preflight_timeout
-    key = _key(sc, session)
+    keras_backend = driver_versions()["keras_backend"]
+    key = _key(sc, session, keras_backend)
     with _lock:
         if key in _checked and not force:
             return _checked[key]
@@ -162,9 +175,9 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
     wait_for_executors(sc, cfg.core.registration_timeout)
     n = max(1, int(sc.defaultParallelism))
     if session is None:
-        rows = _collect_with_timeout(sc, sc.parallelize(range(n), n).mapPartitionsWithIndex(_probe_function()), timeout)
+        rows = _collect_with_timeout(sc, sc.parallelize(range(n), n).mapPartitionsWithIndex(_probe_function(keras_backend=keras_backend)), timeout)
     else:
-        frame = session.range(0, n, 1, n).mapInArrow(_probe_function("probe_arrow"), "report string")
+        frame = session.range(0, n, 1, n).mapInArrow(_probe_function("probe_arrow", keras_backend), "report string")
         rows = [r[0] for r in _collect_with_timeout(sc, frame, timeout)]
     reports = [json.loads(r) for r in rows]
     found = executor_ids(sc, ((r.get("stage"), r.get("task")) for r in reports))
@@ -194,8 +207,8 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
 def forget(sc: Any) -> None:
     """Drop the cached results for ``sc`` (the next fit checks again)."""
     with _lock:
-        for kind in ("rdd", "arrow"):
-            _checked.pop((sc.applicationId, kind), None)
+        for key in [k for k in _checked if k[0] == sc.applicationId]:
+            _checked.pop(key, None)
 
 
 def cached(sc: Any) -> list[dict[str, Any]] | None:
@@ -245,8 +258,8 @@ class PendingCheck:
 
 def start_check(sc: Any, timeout: float, session: Any = None) -> PendingCheck:
     """:func:`check_executors` on a helper thread; a check already cached or under way for this
-    application (and kind of stage) is shared, not run twice."""
-    key = _key(sc, session)
+    application (and kind of stage, and Keras backend) is shared, not run twice."""
+    key = _key(sc, session, driver_versions()["keras_backend"])
     with _lock:
         if key in _checked:
             return PendingCheck.finished(_checked[key])

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from .. import backend
 from ..config import EngineConfig, FitConfig, arguments_doc, split_applicable
 from ..data.adapters import DataAdapter, DataFrameAdapter, is_dataframe, is_rdd
 from ..data.batching import Batch, row_signature
@@ -20,6 +21,7 @@ from ..model_io import ModelPayload, check_compiled, serialize_model
 from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
 from . import warm_up
+from .backend_env import executor_backend
 from .background import SparkCall
 from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs, use_tls
 from .inputs import make_adapter
@@ -594,7 +596,7 @@ def _test_step_eagerly(model: Any, batch: Batch) -> None:
     executors' prepare tasks on a small machine). The model's own ``test_function`` is left as it
     was; the metrics are reset before and hold this batch after, as ``test_on_batch`` leaves them."""
     model.reset_metrics()
-    model.test_step(batch)
+    backend.current().eager_test_step(model, batch)
 
 
 @contextlib.contextmanager
@@ -650,7 +652,12 @@ def _check_callbacks(callbacks: Sequence[Any] | None) -> None:
 
 
 def _spark_context(adapter: DataAdapter | None) -> Any:
-    return adapter.spark_context() if adapter is not None else None
+    """The adapter's SparkContext (``None``: in-process data), its later stages' Python workers set
+    to run the model's Keras backend (:mod:`.backend_env`)."""
+    sc = adapter.spark_context() if adapter is not None else None
+    if sc is not None:
+        executor_backend(sc)
+    return sc
 
 
 def load_spark_model(path: str, custom_objects: dict[str, Any] | None = None, sc: Any = None) -> SparkModel:

@@ -1,4 +1,4 @@
-"""A PySpark daemon that imports TensorFlow, Keras and sparkdl_train's executor code once, before
+"""A PySpark daemon that imports the Keras backend's framework (TensorFlow or JAX), Keras and sparkdl_train's executor code once, before
 it forks Python workers.
 
 Spark forks each Python worker from one daemon process per executor (per interpreter). With the
@@ -23,7 +23,6 @@ import os
 import sys
 
 PRELOAD = (
-    "tensorflow",
     "keras",
     "pyarrow",
     "sparkdl_train.worker.tasks",
@@ -44,6 +43,16 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
 
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # the Keras backend this daemon's workers run (spark.executorEnv.KERAS_BACKEND, or the
+    # KERAS_BACKEND sparkdl_train gives its own stages)
+    if modules is PRELOAD:
+        if os.environ["KERAS_BACKEND"] == "jax":
+            # JAX is not fork-safe once imported (it starts threads): a worker forked from a daemon
+            # that imported it (or Keras on it) computed NaN in one allreduce rank. JAX workers
+            # import it themselves; the daemon preloads only the Arrow and Spark side
+            modules = tuple(m for m in modules if m.split(".")[0] in ("pyarrow", "pandas", "pyspark"))
+        else:
+            modules = ("tensorflow", *modules)
     failed = []
     sys.stdout.flush()
     saved = os.dup(1)

@@ -9,8 +9,9 @@ physical id ``3`` is CUDA ordinal ``1``: :func:`cuda_ordinals` does that re-mapp
 
 Python workers are reused across tasks and CUDA's visible set is fixed once TensorFlow
 starts, so the environment is left as it is: every GPU the executor sees stays visible (with
-memory growth on, so idle ones cost no memory), and each task runs under
-``tf.device("/GPU:<ordinal>")``. The rebuilt model is cached per device.
+TensorFlow's memory growth on, so idle ones cost no memory), and each task runs on its device
+(``tf.device("/GPU:<ordinal>")``, JAX's ``jax.default_device``; :mod:`sparkdl_train.backend`).
+The rebuilt model is cached per device.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import os
 from typing import Any, Iterator, Sequence
 
+from .. import backend
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -76,18 +78,8 @@ def cuda_ordinals(addresses: Sequence[str], visible: str | None) -> list[int]:
 
 
 def _physical_gpus() -> list[Any]:
-    import tensorflow as tf
-
-    global _memory_growth_set
-    gpus = tf.config.list_physical_devices("GPU")
-    if not _memory_growth_set:
-        for g in gpus:
-            try:
-                tf.config.experimental.set_memory_growth(g, True)
-            except RuntimeError:  # already initialised: keep TF's setting
-                pass
-        _memory_growth_set = True
-    return gpus
+    """GPUs the backend sees in this process."""
+    return list(range(backend.current().gpu_count()))
 
 
 def placement() -> dict[str, Any]:
@@ -101,26 +93,25 @@ def placement() -> dict[str, Any]:
     visible = len(_physical_gpus())
     if visible == 0:
         if not _warned_no_gpu:
-            log.warning("Spark assigned GPU(s) %s to this task, but TensorFlow sees no GPU (CPU-only build or "
-                        "no driver): training on the CPU", addresses)
+            log.warning("Spark assigned GPU(s) %s to this task, but %s sees no GPU (CPU-only build or "
+                        "no driver): training on the CPU", addresses, backend.keras_backend())
             _warned_no_gpu = True
-        device = "/CPU:0"
+        device = backend.current().device_name(None)
     elif max(ordinals) >= visible:
-        raise ConfigError(f"GPU address(es) {addresses} map to CUDA ordinal(s) {ordinals}, but TensorFlow sees {visible} GPU(s)")
+        raise ConfigError(f"GPU address(es) {addresses} map to CUDA ordinal(s) {ordinals}, but {backend.keras_backend()} "
+                          f"sees {visible} GPU(s)")
     else:
         # one device per task: a task given several GPUs trains on the first (the others
         # stay reserved for it by Spark); data parallelism across GPUs is one task per GPU
-        device = f"/GPU:{ordinals[0]}"
+        device = backend.current().device_name(ordinals[0])
     return {"gpus": addresses, "cuda_ordinals": ordinals, "device": device}
 
 
 @contextlib.contextmanager
 def scope(device: str | None) -> Iterator[None]:
-    """``tf.device(device)`` when a device is given, else nothing."""
+    """Run on ``device`` (the backend's name for it, :func:`placement`'s) when one is given, else as is."""
     if not device:
         yield
         return
-    import tensorflow as tf
-
-    with tf.device(device):
+    with backend.current().device_scope(device):
         yield

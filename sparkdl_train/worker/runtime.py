@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
-import time
 from collections import OrderedDict
 from typing import Any
 
+from .. import backend
+from ..errors import ConfigError
 from ..model_io import ModelPayload, load_archive
 
 log = logging.getLogger(__name__)
@@ -26,35 +26,36 @@ _BUILT_FOR = "_sparkdl_train_built_for"  # (labels signature, confirmed by data)
 _import_seconds = 0.0  # TensorFlow's import in this process, not yet reported by a task
 
 
-def prepare_process(threads: int | None) -> None:
-    """Set environment and thread pools for TensorFlow (first call in a process wins)."""
+def prepare_process(threads: int | None, keras_backend: str | None = None) -> None:
+    """Set the environment and thread pools for the Keras backend (first call in a process wins).
+
+    ``keras_backend`` is the driver's model's backend: a process that has not imported Keras yet
+    runs that one; one that has (a worker forked from a daemon that preloaded it) must run it, or
+    the task fails with a ConfigError naming both and the fix."""
     global _threads
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("KERAS_BACKEND", keras_backend or backend.DEFAULT)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if keras_backend is not None:
+        here = backend.keras_backend()
+        if here != keras_backend:
+            raise ConfigError(
+                f"the driver's model runs on the Keras {keras_backend!r} backend, this executor's Python worker on "
+                f"{here!r} (KERAS_BACKEND={os.environ.get('KERAS_BACKEND')!r}): set spark.executorEnv.KERAS_BACKEND="
+                f"{keras_backend} (sparkdl_train sets it for its own stages when the session lets it) and ship an "
+                f"environment with {keras_backend} installed (./run pack --backend {keras_backend})"
+            )
     if threads is None or _threads is not None:
         return
     import_tensorflow()
-    import tensorflow as tf
-
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
-        _threads = threads
-    except RuntimeError:  # TF already initialised in this process: keep its pools
-        _threads = tf.config.threading.get_intra_op_parallelism_threads() or threads
-        log.debug("TensorFlow already initialised; keeping its thread pools")
+    _threads = backend.current().configure_threads(threads)
 
 
 def import_tensorflow() -> float:
-    """Import TensorFlow; returns the seconds it took (0.0 when this process already had it, as a
-    worker forked from :mod:`sparkdl_train.worker.daemon` does)."""
+    """Import the Keras backend's framework (the name stays from when it was always TensorFlow);
+    returns the seconds it took (0.0 when this process already had it, as a worker forked from
+    :mod:`sparkdl_train.worker.daemon` does)."""
     global _import_seconds
-    if "tensorflow" in sys.modules:
-        return 0.0
-    start = time.perf_counter()
-    import tensorflow  # noqa: F401
-
-    seconds = time.perf_counter() - start
+    seconds = backend.current().import_framework()
     _import_seconds += seconds
     return seconds
 

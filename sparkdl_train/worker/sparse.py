@@ -15,7 +15,6 @@ row gathers/scatters on the Keras variables.
 
 from __future__ import annotations
 
-import weakref
 from collections import deque
 from dataclasses import dataclass
 from itertools import islice
@@ -23,6 +22,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .. import backend
 from ..data.batching import Batch
 from ..ps.state import SparseRows
 
@@ -112,7 +112,9 @@ class TableSync:
         self._touched = {t.index: np.zeros(t.rows, dtype=bool) for t in self.tables}
         self._dense = [i for i in range(len(self._weights)) if i not in self._vars]
         self._dense_base: list[np.ndarray] = []
-        self._io = _VariableIO.of(model, self._dense, [t.index for t in self.tables])
+        # one compiled call reads (and one assigns) every dense weight and the rows of a push: the backend's,
+        # or None where the eager path below serves
+        self._io = backend.current().variable_io(model, self._dense, [t.index for t in self.tables])
 
     # -- what the batches look up --------------------------------------------------------
     def track(self, batches: Iterable[Batch]) -> Iterator[Batch]:
@@ -195,109 +197,6 @@ class TableSync:
                            [arrays[t.index] for t in self.tables] if want is not None else [])
 
 
-_IO_CACHE: "weakref.WeakKeyDictionary[Any, tuple[tuple, _VariableIO]]" = weakref.WeakKeyDictionary()
-
-
-class _VariableIO:
-    """Reading every dense weight and some table rows, and assigning them, in one compiled
-    TensorFlow call each: eager, a push cost one op dispatch per variable and per table (about
-    5 ms per push for the CTR model, against 8 ms of compute per step). The dense weights cross
-    as one flat vector, so a call converts one array, not one per weight (each conversion costs
-    Python 0.06 ms: 0.7 of a push's 1.9 ms for a CTR model of 10 weights). Built once per model
-    and per split of its weights (the worker keeps the model between tasks), or ``None`` where the
-    weights are not TensorFlow variables or the dense ones differ in dtype (then the eager path
-    above runs)."""
-
-    def __init__(self, dense: list[Any], tables: list[Any], id_dtypes: list[Any], dtype: Any):
-        import tensorflow as tf
-
-        self.shapes = [tuple(int(d) for d in v.shape) for v in dense]
-        self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
-        self.dtype = np.dtype(dtype)
-        sizes, shapes = self.sizes, self.shapes
-
-        def read(ids):
-            flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in dense], 0) if dense else tf.zeros([0], dtype)
-            return flat, [tf.gather(t, i) for t, i in zip(tables, ids)]
-
-        def write(flat, ids, rows):
-            for v, part, shape in zip(dense, tf.split(flat, sizes) if dense else [], shapes):
-                v.assign(tf.reshape(part, shape))
-            for t, i, r in zip(tables, ids, rows):
-                t.scatter_update(tf.IndexedSlices(r, i))
-            return tf.constant(0)
-
-        id_specs = [tf.TensorSpec([None], d) for d in id_dtypes]
-        row_specs = [tf.TensorSpec([None, *t.shape[1:]], t.dtype) for t in tables]
-        flat_spec = tf.TensorSpec([sum(sizes)], dtype)
-        # concrete functions: a call skips the polymorphic function's matching of its arguments'
-        # types (a push's read 0.61 to 0.21 ms, its write 0.76 to 0.43 ms)
-        self._read = tf.function(read, input_signature=[id_specs], autograph=False).get_concrete_function()
-        self._write = tf.function(write, input_signature=[flat_spec, id_specs, row_specs], autograph=False).get_concrete_function()
-
-    @classmethod
-    def of(cls, model: Any, dense: list[int], tables: list[int]) -> "_VariableIO | None":
-        weights = list(model.weights)
-        values = [getattr(weights[i], "value", None) for i in [*dense, *tables]]
-        if not all(hasattr(v, "scatter_update") and hasattr(v, "read_value") for v in values):
-            return None
-        dtypes = {np.dtype(weights[i].dtype) for i in dense}
-        if len(dtypes) > 1:  # one flat vector holds one dtype
-            return None
-        key = (tuple(dense), tuple(tables), tuple(id(v) for v in values))
-        cached = _IO_CACHE.get(model)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        import tensorflow as tf
-
-        id_dtypes = [tf.int32 if int(weights[i].shape[0]) < 2**31 else tf.int64 for i in tables]
-        io = cls(values[: len(dense)], values[len(dense):], id_dtypes, dtypes.pop() if dtypes else np.float32)
-        _IO_CACHE[model] = (key, io)
-        return io
-
-    def flat_view(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        """The dense weights as one flat vector (in the order of the model's weights): a view when
-        they lie back to back in one buffer (a reply's arrays do, in the receive buffer: valid
-        until the next request), else a copy."""
-        arrays = [np.asarray(a) for a in arrays]
-        total = sum(self.sizes)
-        if not arrays:
-            return np.zeros(0, self.dtype)
-        first = arrays[0]
-        start = first.__array_interface__["data"][0]
-        pos = start
-        adjacent = True
-        for a, n in zip(arrays, self.sizes):
-            if a.dtype != self.dtype or a.size != n or not a.flags.c_contiguous or a.__array_interface__["data"][0] != pos:
-                adjacent = False
-                break
-            pos += a.nbytes
-        base: Any = first
-        while isinstance(base, np.ndarray) and base.base is not None:  # reshaped views of frombuffer(memoryview)
-            base = base.base
-        if adjacent and isinstance(base, memoryview) and base.contiguous:
-            origin = np.frombuffer(base, np.uint8).__array_interface__["data"][0]
-            if origin <= start and start - origin + total * self.dtype.itemsize <= base.nbytes:
-                return np.frombuffer(base, self.dtype, count=total, offset=start - origin)
-        return np.concatenate([a.reshape(-1) for a in arrays]).astype(self.dtype, copy=False)
-
-    def unflatten(self, flat: np.ndarray) -> list[np.ndarray]:
-        """Views of ``flat`` shaped as the dense weights."""
-        out, pos = [], 0
-        for shape, n in zip(self.shapes, self.sizes):
-            out.append(flat[pos:pos + n].reshape(shape))
-            pos += n
-        return out
-
-    def read(self, ids: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """The dense weights as one flat vector (read-only) and the rows ``ids``."""
-        flat, rows = self._read(list(ids))
-        return flat.numpy(), [r.numpy() for r in rows]
-
-    def write(self, flat: np.ndarray, ids: list[np.ndarray], rows: list[np.ndarray]) -> None:
-        self._write(flat, list(ids), list(rows))
-
-
 def _gather(var: Any, ids: np.ndarray) -> np.ndarray:
     import keras
 
@@ -307,15 +206,5 @@ def _gather(var: Any, ids: np.ndarray) -> np.ndarray:
 
 
 def _scatter(var: Any, ids: np.ndarray, rows: np.ndarray) -> None:
-    """``var[ids] = rows`` in place (TensorFlow variables), else through a full assign."""
-    if len(ids) == 0:
-        return
-    value = getattr(var, "value", None)
-    if hasattr(value, "scatter_update"):
-        import tensorflow as tf
-
-        value.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(rows), tf.convert_to_tensor(ids)))
-        return
-    full = np.array(var.numpy(), copy=True)
-    full[ids] = rows
-    var.assign(full)
+    """``var[ids] = rows`` (the backend's in-place scatter where it has one)."""
+    backend.current().scatter_rows(var, ids, rows)

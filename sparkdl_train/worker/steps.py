@@ -27,105 +27,34 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .. import _compat
-from ..data.batching import Batch, num_rows, row_signature, stack_batches, tree_leaves, tree_map
+from .. import _compat, backend
+from ..data.batching import Batch, num_rows, row_signature, stack_batches, tree_leaves
 
 STEP_KINDS = ("train", "test", "predict")
 # a group of batches (run_steps' group) is stacked into one array per input: at most this many bytes
 # (a group only saves the per-call overhead, which large batches do not notice)
 GROUP_BYTES = 8 << 20
-_ATTRIBUTE = "_sparkdl_train_compiled_steps"  # on the model itself: a cached model keeps its traces
-
-
-def open_rows_spec(batch: Any) -> Any:
-    """``batch``'s structure with each array replaced by a ``tf.TensorSpec`` of its dtype and
-    row shape, its first (batch) dimension left open."""
-    import tensorflow as tf
-
-    def spec(a: Any) -> Any:
-        a = np.asarray(a)
-        dtype = tf.string if a.dtype.kind in "OSU" else tf.as_dtype(a.dtype)  # str / bytes: a Keras string input
-        return tf.TensorSpec((None,) + a.shape[1:], dtype)
-
-    return tree_map(spec, batch)
 
 
 def compiled_step(model: Any, kind: str, batch: Batch, stats: dict[str, Any] | None = None,
                   grouped: bool = False) -> Callable[[Batch], Any]:
-    """The model's ``{kind}_step`` as one ``tf.function`` per model and compilation, traced for
-    ``batch``'s structure, dtypes and row shapes with any number of rows: every batch of that
-    signature, whatever its size, runs the same trace. Kept on the model, so a worker that has
-    the model cached (:mod:`.runtime`) traces nothing in later tasks. Returns the trace's
-    concrete function, which a batch of another signature must not be given (a call skips the
-    function's matching of its arguments: 0.15 ms of a CTR model's 1.1 ms step). A model that
-    runs eagerly gets its plain step.
-
-    ``grouped``: the function takes a *group* of such batches, stacked (:func:`stack_batches`:
-    every leaf gains a leading dimension, one entry per batch, of any length) and runs the step
-    on each in turn inside one call, as Keras' ``steps_per_execution`` does; the same steps, in the
-    same order, without the per-call overhead (0.5 ms of a CTR model's 1.9 ms step on one thread).
-
-    A model rebuilt by :func:`sparkdl_train.model_io.load_archive` (every worker's) has its
-    optimizer and compiled metrics built; one whose variables are created in the trace (fresh
-    ``compile`` on TensorFlow, which defers building to the first step) is traced twice, once
-    creating them, as Keras' own function is. ``stats["traced"]`` tells whether this call traced."""
-    import tensorflow as tf
-
+    """The model's ``{kind}_step`` compiled once per model and compilation for ``batch``'s
+    structure, dtypes and row shapes with any number of rows, called statefully (variables,
+    optimizer and metric state update as ``Model.fit``'s do); ``grouped``: the function takes a
+    *group* of such batches, stacked (:func:`stack_batches`: every leaf gains a leading dimension,
+    one entry per batch) and runs the step on each in turn inside one call, as Keras'
+    ``steps_per_execution`` does. Kept on the model, so a worker that has the model cached
+    (:mod:`.runtime`) compiles nothing in later tasks. ``stats["traced"]`` tells whether this
+    call traced. The backend's module does it (:mod:`sparkdl_train.backend`)."""
     if kind not in STEP_KINDS:
         raise ValueError(f"step kind must be one of {STEP_KINDS}, got {kind!r}")
-    step = getattr(model, f"{kind}_step")
-    if model.run_eagerly:
-        return _eager_group(step) if grouped else step
-    cache = model.__dict__.setdefault(_ATTRIBUTE, {})  # past Keras' attribute tracking
-    key = _step_key(model, kind, grouped)
-    fn = cache.get(key)
-    if fn is None:
-        strategy = model.distribute_strategy
-
-        def one_step(data: Batch) -> Any:
-            return strategy.run(step, args=(data,))
-
-        def group_of_steps(data: Batch) -> Any:
-            n = tf.shape(tree_leaves(data)[0])[0]
-
-            def body(i: Any) -> Any:
-                out = one_step(tree_map(lambda a: a[i], data))
-                # the next step starts after this one's updates (its outputs read the updated state)
-                with tf.control_dependencies([t for t in tf.nest.flatten(out) if isinstance(t, tf.Tensor)]):
-                    return (i + 1,)
-
-            return tf.while_loop(lambda i: i < n, body, (tf.constant(0),), parallel_iterations=1)
-
-        fn = tf.function(group_of_steps if grouped else one_step, reduce_retracing=True, jit_compile=bool(model.jit_compile))
-        cache[key] = fn
-    before = fn.experimental_get_tracing_count()
-    spec = open_rows_spec(batch)
-    if grouped:
-        spec = tree_map(lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype), spec)
-    concrete = fn.get_concrete_function(spec)  # traces once per signature; a lookup after
-    if stats is not None:
-        stats["traced"] = fn.experimental_get_tracing_count() > before
-    return concrete
-
-
-def _step_key(model: Any, kind: str, grouped: bool) -> tuple:
-    """A compiled step's key in the model's cache: compile() makes a new optimizer, traced anew."""
-    return (kind, id(getattr(model, "optimizer", None))) + (("grouped",) if grouped else ())
-
-
-def _eager_group(step: Callable[[Batch], Any]) -> Callable[[Batch], Any]:
-    def run(data: Batch) -> None:
-        for i in range(len(tree_leaves(data)[0])):
-            step(tree_map(lambda a: a[i], data))
-
-    return run
+    return backend.current().compiled_step(model, kind, batch, stats, grouped)
 
 
 def traces(model: Any, kind: str, grouped: bool = False) -> int:
     """How many times the model's current ``{kind}_step`` function (its compilation's; its
     ``grouped`` form) has been traced in this process; 0 before :func:`compiled_step` made it."""
-    fn = model.__dict__.get(_ATTRIBUTE, {}).get(_step_key(model, kind, grouped))
-    return fn.experimental_get_tracing_count() if fn is not None else 0
+    return backend.current().traces(model, kind, grouped)
 
 
 def run_steps(
@@ -209,17 +138,11 @@ def largest_divisor(n: int, at_most: int) -> int:
 
 
 def instantiate(model: Any, kind: str, batch: Batch) -> bool:
-    """Trace ``kind``'s grouped step for ``batch``'s signature and call it on a group of no
-    batches: TensorFlow optimizes and instantiates a function's graph at its first call (0.2 s of
-    a CTR model's train step, beside 0.3 s of tracing), and a loop of no steps changes no state.
-    Returns whether it traced. The model's compiled metrics are built beforehand (a prepare task
-    builds them symbolically), or the trace builds them and runs twice. A model compiled with
-    ``jit_compile`` is only traced (XLA compiles each input shape at its first call)."""
-    stats: dict[str, Any] = {}
-    fn = compiled_step(model, kind, batch, stats, grouped=True)
-    if not model.run_eagerly and not model.jit_compile:
-        fn(tree_map(lambda a: np.asarray(a)[np.newaxis][:0, :0], batch))
-    return bool(stats.get("traced"))
+    """Compile ``kind``'s grouped step for ``batch``'s signature ahead of the first epoch, as far
+    as the backend can without running a step (TensorFlow: traced and instantiated on a group of
+    no batches; JAX: lowered and compiled for the group sizes a pass uses); changes no state.
+    Returns whether it traced."""
+    return backend.current().instantiate(model, kind, batch)
 
 
 def predict_batches(model: Any, x: Any, batch_size: int) -> Any:

@@ -11,11 +11,12 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from .. import backend as _backend
 from .. import wire
 from ..data.batching import Batch, rebatch
 from ..data.finite import Screen
@@ -65,6 +66,8 @@ class StepSettings:
     # consecutive batches per call of the compiled step (sparkdl_train.worker.steps.run_steps'
     # group), as the engine allows it (spark.sparkdl_train.worker.stepsPerExecution)
     group: int = 1
+    # the Keras backend of the driver's model, which the worker must run (sparkdl_train.backend)
+    keras_backend: str = field(default_factory=lambda: _backend.keras_backend())
 
 
 def peak_rss_mb() -> float:
@@ -105,7 +108,7 @@ def _info(samples: int, steps: int, start: float) -> dict[str, Any]:
 def placed(settings: StepSettings):
     """Prepare the process, then run under the task's GPU (if Spark assigned one); yields the
     placement (``{}`` without GPUs; its ``"device"`` is what the task's model is built on)."""
-    runtime.prepare_process(settings.threads)
+    runtime.prepare_process(settings.threads, settings.keras_backend)
     place = gpu.placement()
     with gpu.scope(place.get("device")):
         yield place
@@ -133,7 +136,7 @@ def _model(payload: Ref, state: Ref, settings: StepSettings, device: str | None,
     spent importing TensorFlow, rebuilding the model (0 when this worker has it cached) and
     fetching and applying the state."""
     startup = {} if startup is None else startup
-    runtime.prepare_process(settings.threads)
+    runtime.prepare_process(settings.threads, settings.keras_backend)
     runtime.import_tensorflow()
     startup["tf_import"] = runtime.take_import_seconds()  # here, or in placed() before this task
     t0 = time.perf_counter()

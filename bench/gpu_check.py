@@ -1,0 +1,313 @@
+"""The executor's own code path on one GPU, with Keras on JAX, and no JVM.
+
+What a Spark task of a fit runs, driven here without Spark: the driver's model serialized
+(:func:`sparkdl_train.model_io.serialize_model`) and its state encoded, as broadcast; the task's
+partition pass (:class:`sparkdl_train.worker.tasks.TrainEpochTask`: the model rebuilt and cached
+in this process on JAX's default device, the GPU when there is one; Arrow record batches of
+Criteo-shaped CTR columns through the column mapping, re-batching and the prefetch thread; grouped
+compiled steps; metric state); a parameter-server worker (:class:`sparkdl_train.worker.ps_task.PSTrainTask`)
+pushing and pulling against a :class:`sparkdl_train.ps.server.ParameterServer` in this process
+(sparse embedding rows, every 16 steps); the allreduce's fused gradient step. It prints one JSON
+object:
+
+* ``pass``: samples/s of the partition pass (model cached, second epoch) against
+  ``keras.Model.fit`` of the same model, data (as numpy) and batch on the same device, with
+  ``steps_per_execution`` equal to the pass's group; ``ratio`` = pass / fit;
+* ``placement``: the device of every variable after the pass, and of the step's outputs;
+* ``cpu_equality``: the same pass from the same state on the CPU, max abs difference of every
+  weight after it (GPU float arithmetic differs in the last bits);
+* ``push``: one push and pull from the worker's model on the device: device-to-host and
+  host-to-device seconds and bytes (dense weights and the touched embedding rows), and the
+  parameter-server task's samples/s;
+* ``fused``: the fused step's gradient (forward, backward, flattening into one vector, copy to
+  the host) and apply (copy to the device, split, optimizer) against one plain train step.
+
+Without a GPU it runs on the CPU (the default suite runs it small: ``tests/test_jax_backend.py``).
+
+    KERAS_BACKEND=jax python bench/gpu_check.py --rows 2000000 --batch 512 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def ctr_record_batches(rows: int, vocab: int, chunk: int, seed: int = 42) -> tuple[list, dict, np.ndarray]:
+    """Criteo-shaped columns (13 float, 26 int ids below ``vocab``, a label from the planted model)
+    as Arrow record batches of ``chunk`` rows, and the same as numpy for ``Model.fit``."""
+    import pyarrow as pa
+
+    from sparkdl_train.datasets.ctr import CAT_COLS, DENSE_COLS, CTRSpec, PlantedModel, sample_features
+
+    spec = CTRSpec(rows=rows, seed=seed)
+    planted = PlantedModel.make(spec)
+    rng = np.random.default_rng([seed, 3])
+    dense, cats = sample_features(spec, rng, rows)
+    label = (rng.random(rows) < planted.probability(dense, cats)).astype(np.float32)
+    numeric = np.log1p(dense).astype(np.float32)
+    ids = (cats % vocab).astype(np.int64)
+    batches = []
+    for start in range(0, rows, chunk):
+        end = min(rows, start + chunk)
+        cols = [pa.array(numeric[start:end, i]) for i in range(len(DENSE_COLS))]
+        cols += [pa.array(ids[start:end, i]) for i in range(len(CAT_COLS))]
+        cols.append(pa.array(label[start:end]))
+        batches.append(pa.RecordBatch.from_arrays(cols, [*DENSE_COLS, *CAT_COLS, "label"]))
+    return batches, {"numeric": numeric, "categorical": ids.astype(np.int32)}, label[:, None]
+
+
+def build_model(vocab: int, seed: int = 1):
+    import keras
+
+    from sparkdl_train.models.ctr import deepfm
+
+    keras.utils.set_random_seed(seed)
+    return deepfm(vocab)
+
+
+class Ref:
+    def __init__(self, value):
+        self.value = value
+
+
+def devices_of(model) -> dict[str, int]:
+    from sparkdl_train import backend
+
+    out: dict[str, int] = {}
+    for v in [*model.weights, *model.optimizer.variables, *model.metrics_variables]:
+        d = backend.current().device_of(v)
+        out[d] = out.get(d, 0) + 1
+    return out
+
+
+def partition_pass(payload, state, settings, batches, mapping, epoch=0, task=None):
+    from sparkdl_train.worker.tasks import TrainEpochTask
+
+    task = task or TrainEpochTask(Ref(payload), Ref(state), epoch, settings)
+    t0 = time.perf_counter()
+    partial = task(0, mapping.chunks(iter(batches), 0))
+    return partial, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--vocab", type=int, default=1_000_000)
+    ap.add_argument("--batch", type=int, nargs="+", default=[512, 4096])
+    ap.add_argument("--group", type=int, default=16, help="steps per call (spark.sparkdl_train.worker.stepsPerExecution)")
+    ap.add_argument("--chunk", type=int, default=8192, help="rows per Arrow record batch")
+    ap.add_argument("--equality-steps", type=int, default=50)
+    ap.add_argument("--output")
+    args = ap.parse_args(argv)
+
+    import jax
+    import keras
+
+    from sparkdl_train import backend
+    from sparkdl_train.data.spec import resolve_columns
+    from sparkdl_train.datasets.ctr import CAT_COLS, DENSE_COLS
+    from sparkdl_train.model_io import input_infos, serialize_model
+    from sparkdl_train.worker import runtime
+    from sparkdl_train.worker.tasks import StepSettings, encode_state
+
+    assert keras.backend.backend() == "jax", keras.backend.backend()
+    device = jax.devices()[0]
+    out: dict = {
+        "date": time.strftime("%Y-%m-%d"), "device": f"{device.platform}:{device.id} {getattr(device, 'device_kind', '')}",
+        "jax": jax.__version__, "keras": keras.__version__, "rows": args.rows, "vocab": args.vocab, "group": args.group,
+    }
+    t0 = time.perf_counter()
+    batches, x_np, y_np = ctr_record_batches(args.rows, args.vocab, args.chunk)
+    out["data_seconds"] = round(time.perf_counter() - t0, 2)
+
+    driver = build_model(args.vocab)
+    payload = serialize_model(driver)
+    state = encode_state(driver, include_optimizer=True)
+    mapping = resolve_columns(input_infos(driver), {"numeric": DENSE_COLS, "categorical": CAT_COLS}, "label")
+    out["pass"] = {}
+    for bs in args.batch:
+        settings = StepSettings(batch_size=bs, group=args.group, keras_backend="jax")
+        partition_pass(payload, state, settings, batches, mapping)  # compiles (model rebuilt once per process)
+        partial, seconds = partition_pass(payload, state, settings, batches, mapping, epoch=1)
+        info = partial.partitions[0]
+        model = runtime.get_model(payload)
+        out["placement"] = devices_of(model)
+        # keras' own fit, same model (a fresh one from the same state), data and batch, same device
+        ref = build_model(args.vocab)
+        ref.set_weights(driver.get_weights())
+        ref.compile(optimizer=keras.optimizers.Adam(1e-3), loss="binary_crossentropy", metrics=[
+            keras.metrics.AUC(name="auc", num_thresholds=1000), keras.metrics.BinaryAccuracy(name="accuracy")],
+            steps_per_execution=args.group)
+        ref.fit(x_np, y_np, batch_size=bs, epochs=1, shuffle=False, verbose=0)  # compiles
+        t1 = time.perf_counter()
+        ref.fit(x_np, y_np, batch_size=bs, epochs=1, shuffle=False, verbose=0)
+        fit_seconds = time.perf_counter() - t1
+        steps_seconds = info.get("seconds")
+        out["pass"][str(bs)] = {
+            "samples": partial.samples, "task_seconds": round(seconds, 3), "pass_samples_per_s": round(partial.samples / seconds),
+            "fit_samples_per_s": round(args.rows / fit_seconds), "ratio": round(fit_seconds / seconds, 3),
+            "task_info_seconds": steps_seconds, "step_calls": info.get("step_calls"), "startup": info.get("startup"),
+        }
+        print(json.dumps({"batch": bs, **out["pass"][str(bs)]}), file=sys.stderr, flush=True)
+
+    out["cpu_equality"] = cpu_equality(payload, state, batches, mapping, args)
+    out["push"] = push_cost(payload, state, batches, mapping, args)
+    out["fused"] = fused_cost(payload, x_np, y_np, args)
+    out["backend"] = backend.current().NAME
+    text = json.dumps(out, indent=1, default=str)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    return out
+
+
+def _first_rows(batches, rows):
+    taken, n = [], 0
+    for b in batches:
+        if n >= rows:
+            break
+        taken.append(b.slice(0, min(b.num_rows, rows - n)))
+        n += taken[-1].num_rows
+    return taken
+
+
+def cpu_equality(payload, state, batches, mapping, args) -> dict:
+    """The pass over ``equality_steps`` batches from the same state on the default device and on the
+    CPU: the largest weight difference."""
+    import jax
+
+    from sparkdl_train.worker import runtime
+    from sparkdl_train.worker.tasks import StepSettings
+
+    bs = args.batch[0]
+    part = _first_rows(batches, bs * args.equality_steps)
+    settings = StepSettings(batch_size=bs, group=args.group, keras_backend="jax")
+    results = {}
+    for name, dev in (("default", jax.devices()[0]), ("cpu", jax.devices("cpu")[0])):
+        runtime._models.clear()  # rebuilt on this device
+        with jax.default_device(dev):
+            partition_pass(payload, state, settings, part, mapping)
+            model = runtime.get_model(payload)
+            results[name] = [np.asarray(w) for w in model.get_weights()]
+            results[name + "_devices"] = devices_of(model)
+    runtime._models.clear()
+    diffs = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(results["default"], results["cpu"])]
+    scale = max(float(np.max(np.abs(a))) for a in results["cpu"] if a.size)
+    return {"steps": args.equality_steps, "batch": bs, "max_abs_diff": max(diffs), "max_abs_weight": scale,
+            "devices": {"default": results["default_devices"], "cpu": results["cpu_devices"]}}
+
+
+def push_cost(payload, state, batches, mapping, args) -> dict:
+    """A parameter-server worker on the device: its pass against a server in this process, and one
+    push/pull's device-to-host and host-to-device cost."""
+    from sparkdl_train.driver.sparse import find_tables
+    from sparkdl_train.net import new_secret
+    from sparkdl_train.ps.server import ParameterServer
+    from sparkdl_train.ps.state import ServerState
+    from sparkdl_train.worker import runtime
+    from sparkdl_train.worker.ps_task import PSSettings, PSTrainTask
+    from sparkdl_train.worker.sparse import TableSync
+    from sparkdl_train.worker.tasks import StepSettings
+
+    bs = args.batch[0]
+    model = runtime.get_model(payload)  # the cached one (rebuilt if cpu_equality cleared it)
+    tables = find_tables(model)
+    weights = [w.numpy() for w in model.weights]
+    ps_state = ServerState(weights, "asynchronous", sparse=[t.index for t in tables])
+    secret = new_secret()
+    server = ParameterServer(ps_state, "127.0.0.1", secret)
+    server.start()
+    try:
+        host, port = server.address
+        settings = StepSettings(batch_size=bs, group=args.group, keras_backend="jax")
+        ps = PSSettings(host, port, secret, every=args.group, tables=tables)
+        part = _first_rows(batches, min(args.rows, bs * args.group * 40))
+        rows = sum(b.num_rows for b in part)
+        task = PSTrainTask(Ref(payload), Ref(state), 0, settings, ps)
+        partition_pass(payload, state, settings, part, mapping, task=task)  # compiles
+        task = PSTrainTask(Ref(payload), Ref(state), 1, settings, ps)
+        partial, seconds = partition_pass(payload, state, settings, part, mapping, task=task)
+        # one push's reads (device to host) and one reply's writes (host to device), on the worker's model
+        model = runtime.get_model(payload)
+        sync = TableSync(model, tables)
+        window = [b for b in mapping.chunks(iter(_first_rows(part, bs * args.group)), 0)]
+        list(sync.track(iter(window)))
+        want = sync.want(window)
+        sync.receive([w.numpy() for w in model.weights], None)
+        t0 = time.perf_counter()
+        delta = sync.delta(1.0)
+        d2h = time.perf_counter() - t0
+        d2h_bytes = sum(getattr(d, "nbytes", 0) or (d.ids.nbytes + d.rows.nbytes) for d in delta)
+        arrays = [w.numpy() for w in model.weights]
+        for t in tables:
+            arrays[t.index] = arrays[t.index][want[t.index]]
+        t0 = time.perf_counter()
+        sync.receive(arrays, want)
+        h2d = time.perf_counter() - t0
+        h2d_bytes = sum(a.nbytes for a in arrays)
+        return {"ps_samples_per_s": round(rows / seconds), "rows": rows, "every": args.group,
+                "push_d2h_seconds": round(d2h, 5), "push_d2h_bytes": int(d2h_bytes),
+                "pull_h2d_seconds": round(h2d, 5), "pull_h2d_bytes": int(h2d_bytes),
+                "tables": [t.name for t in tables], "server_updates": ps_state.stats.as_dict().get("updates")}
+    finally:
+        server.stop()
+
+
+def fused_cost(payload, x_np, y_np, args) -> dict:
+    """The allreduce's fused step (gradient flattened to one vector and copied to the host; the
+    summed vector copied back, split and applied) against one train step, on the device."""
+    from sparkdl_train import _compat
+    from sparkdl_train.worker import runtime
+    from sparkdl_train.worker.fused_step import cached_fused_step
+    from sparkdl_train.worker.steps import compiled_step
+
+    out = {}
+    for bs in args.batch:
+        model = runtime.get_model(payload)
+        batch = ({k: v[:bs] for k, v in x_np.items()}, y_np[:bs], None)
+        _compat.symbolic_build(model, batch)
+        step = cached_fused_step(model, bs)
+        buf = np.empty(step.size, np.float32)
+        step.trace(batch)
+        step.gradients(batch, buf)
+        step.apply(buf)
+        n = 20
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step.gradients(batch, buf)
+        grad = (time.perf_counter() - t0) / n
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step.apply(buf)
+        import jax
+
+        jax.block_until_ready([v.value for v in model.trainable_variables])
+        apply = (time.perf_counter() - t0) / n
+        train = compiled_step(model, "train", batch)
+        train(batch)
+        jax.block_until_ready([v.value for v in model.trainable_variables])
+        t0 = time.perf_counter()
+        for _ in range(n):
+            train(batch)
+        jax.block_until_ready([v.value for v in model.trainable_variables])
+        plain = (time.perf_counter() - t0) / n
+        out[str(bs)] = {"gradients_seconds": round(grad, 6), "apply_seconds": round(apply, 6),
+                        "train_step_seconds": round(plain, 6), "vector_bytes": int(buf.nbytes),
+                        "fused_over_plain": round((grad + apply) / plain, 2)}
+    return out
+
+
+if __name__ == "__main__":
+    main()

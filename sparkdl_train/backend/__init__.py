@@ -1,0 +1,71 @@
+"""The one seam between sparkdl_train and the framework Keras runs on.
+
+Everything backend-specific on an executor sits behind the small interface below, one module
+per backend: :mod:`.tensorflow` (the default) and :mod:`.jax`. No other module imports
+``tensorflow`` or ``jax`` (``tests/test_imports.py`` keeps it so). A fit trains on the backend
+of the driver's model (``keras.backend.backend()``); the executors' Python workers are started
+with ``KERAS_BACKEND`` set to it (:func:`sparkdl_train.driver.session.executor_backend`), and
+the preflight check fails a fit whose executors run another one.
+
+A backend module provides:
+
+``import_framework()``
+    Import the framework; returns the seconds it took (0.0 when already imported).
+``configure_threads(threads)``
+    Size the framework's CPU thread pools before its first op (first call in a process wins).
+``compiled_step(model, kind, batch, stats, grouped)``, ``traces(model, kind, grouped)``, ``instantiate(model, kind, batch)``
+    The model's own ``train_step`` / ``test_step`` / ``predict_step`` compiled once per model,
+    called statefully on numpy batches (``grouped``: on a stack of batches in one call, as
+    Keras' ``steps_per_execution``); see :mod:`sparkdl_train.worker.steps`.
+``eager_test_step(model, batch)``
+    One test step, nothing compiled (the driver's check of a data sample).
+``FusedStep(model, batch_size)``
+    The train step split around the allreduce (:mod:`sparkdl_train.worker.fused_step`).
+``variable_io(model, dense, tables)``
+    Compiled read and assign of every dense weight (one flat vector) and some table rows, for
+    parameter-server pushes (:mod:`sparkdl_train.worker.sparse`); ``None`` where the eager path serves.
+``scatter_rows(variable, ids, rows)``
+    ``variable[ids] = rows``.
+``gpu_count()``, ``device_scope(device)``, ``device_name(ordinal)``, ``device_of(variable)``
+    Placement on the task's GPU (:mod:`sparkdl_train.worker.gpu`).
+
+The PyTorch and NumPy backends are refused at ``fit`` (:func:`check_supported`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+from ..errors import ConfigError
+
+SUPPORTED = ("tensorflow", "jax")
+DEFAULT = "tensorflow"
+
+
+def check_supported(name: str) -> str:
+    """``name`` if sparkdl_train trains on that Keras backend, else a ConfigError naming the supported ones."""
+    if name not in SUPPORTED:
+        raise ConfigError(
+            f"sparkdl_train trains Keras models on the {' and '.join(SUPPORTED)} backends; this model's Keras runs on "
+            f"{name!r}. Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax before importing keras."
+        )
+    return name
+
+
+def keras_backend() -> str:
+    """The backend Keras runs on in this process (importing Keras, on ``KERAS_BACKEND`` or TensorFlow if unset)."""
+    os.environ.setdefault("KERAS_BACKEND", DEFAULT)
+    import keras
+
+    return keras.backend.backend()
+
+
+def current() -> ModuleType:
+    """The backend module for this process's Keras."""
+    return module(check_supported(keras_backend()))
+
+
+def module(name: str) -> ModuleType:
+    return importlib.import_module(f".{check_supported(name)}", __name__)

@@ -1,0 +1,49 @@
+"""The dense weights of a parameter-server push as one flat vector (pure numpy; both backends)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+
+class FlatLayout:
+    """``shapes``, ``sizes`` and ``dtype`` of the dense weights, set by the subclass."""
+
+    shapes: list[tuple[int, ...]]
+    sizes: list[int]
+    dtype: np.dtype
+
+    def flat_view(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """The dense weights as one flat vector (in the order of the model's weights): a view when
+        they lie back to back in one buffer (a reply's arrays do, in the receive buffer: valid
+        until the next request), else a copy."""
+        arrays = [np.asarray(a) for a in arrays]
+        total = sum(self.sizes)
+        if not arrays:
+            return np.zeros(0, self.dtype)
+        first = arrays[0]
+        start = first.__array_interface__["data"][0]
+        pos = start
+        adjacent = True
+        for a, n in zip(arrays, self.sizes):
+            if a.dtype != self.dtype or a.size != n or not a.flags.c_contiguous or a.__array_interface__["data"][0] != pos:
+                adjacent = False
+                break
+            pos += a.nbytes
+        base: Any = first
+        while isinstance(base, np.ndarray) and base.base is not None:  # reshaped views of frombuffer(memoryview)
+            base = base.base
+        if adjacent and isinstance(base, memoryview) and base.contiguous:
+            origin = np.frombuffer(base, np.uint8).__array_interface__["data"][0]
+            if origin <= start and start - origin + total * self.dtype.itemsize <= base.nbytes:
+                return np.frombuffer(base, self.dtype, count=total, offset=start - origin)
+        return np.concatenate([a.reshape(-1) for a in arrays]).astype(self.dtype, copy=False)
+
+    def unflatten(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Views of ``flat`` shaped as the dense weights."""
+        out, pos = [], 0
+        for shape, n in zip(self.shapes, self.sizes):
+            out.append(flat[pos:pos + n].reshape(shape))
+            pos += n
+        return out

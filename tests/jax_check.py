@@ -1,0 +1,152 @@
+"""Fits with Keras on JAX on ``local[2]``: run by tests/test_jax_backend.py in a process of its own
+(a process's Keras backend is fixed at its first ``import keras``; the test suite's is TensorFlow).
+
+    KERAS_BACKEND=jax python tests/jax_check.py OUT_DIR
+
+Writes ``OUT_DIR/jax.json`` (per case: history, evaluation, where tasks ran) and
+``OUT_DIR/jax_weights.npz`` (the initial weights every case starts from, and each case's final
+weights), so that the test can run the same fits on TensorFlow from the same weights and compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+if __name__ == "__main__":  # (imported by the test for its data and model, on the suite's TensorFlow)
+    os.environ["KERAS_BACKEND"] = "jax"
+    import keras  # noqa: F401 - on JAX, fixed from here on
+
+    # the JVM and its Python workers do not inherit it: they run JAX only because sparkdl_train gives
+    # its stages KERAS_BACKEND (sparkdl_train.driver.backend_env)
+    del os.environ["KERAS_BACKEND"]
+
+ROWS, FEATURES = 1024, 8
+CASES = {  # name -> (SparkModel arguments, fit arguments)
+    "averaging": ({}, {}),
+    "sync-batch": ({"mode": "synchronous", "frequency": "batch"}, {}),
+    "async-4": ({"mode": "asynchronous", "frequency": 4}, {}),
+    "hogwild-batch": ({"mode": "hogwild", "frequency": "batch"}, {}),
+    "allreduce": ({"mode": "allreduce"}, {}),
+    "allreduce-fp16": ({"mode": "allreduce", "compression": "fp16"}, {}),
+}
+EPOCHS, BATCH = 2, 32
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
+    y = (x[:, :1] + 0.5 * x[:, 1:2] > 0).astype("float32")
+    return x, y
+
+
+def make_model():
+    import keras
+
+    keras.utils.set_random_seed(1)
+    m = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(1, activation="sigmoid")])
+    m.compile(keras.optimizers.Adam(0.01), "binary_crossentropy", metrics=["accuracy"])
+    return m
+
+
+def sparse_model():
+    import keras
+
+    keras.utils.set_random_seed(2)
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    emb = keras.layers.Embedding(50, 4, name="table")(ids)
+    out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Flatten()(emb))
+    m = keras.Model(ids, out)
+    m.compile(keras.optimizers.Adam(0.02), "binary_crossentropy", metrics=["accuracy"])
+    return m
+
+
+def main(out_dir: str) -> None:
+    import keras
+    from pyspark.sql import SparkSession
+
+    from sparkdl_train import SparkModel, load_spark_model
+
+    spark = (SparkSession.builder.master("local[2]").appName("sparkdl_train-jax")
+             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.default.parallelism", "2")
+             .config("spark.python.daemon.module", "sparkdl_train.worker.daemon").getOrCreate())
+    sc = spark.sparkContext
+    sc.setLogLevel("ERROR")
+    x, y = data()
+    rdd = sc.parallelize(list(zip(x, y)), 2)
+    w0 = make_model().get_weights()
+    weights = {f"init_{i}": w for i, w in enumerate(w0)}
+    result: dict = {"backend": keras.backend.backend(), "cases": {}}
+    for name, (kwargs, fit_kwargs) in CASES.items():
+        m = make_model()
+        m.set_weights(w0)
+        sm = SparkModel(m, num_workers=2, **kwargs)
+        hist = sm.fit(rdd, epochs=EPOCHS, batch_size=BATCH, shuffle=False, verbose=0, **fit_kwargs)
+        result["cases"][name] = {
+            "history": hist.history,
+            "evaluate": m.evaluate(x, y, verbose=0, return_dict=True),
+            "pids": sorted({i.get("pid") for e in sm.stats.epochs for i in e.partitions.values()}),
+        }
+        for i, w in enumerate(m.get_weights()):
+            weights[f"{name}_{i}"] = w
+
+    # one worker, no shuffling: the same steps as Keras' own fit on JAX
+    m = make_model()
+    m.set_weights(w0)
+    SparkModel(m, num_workers=1).fit(sc.parallelize(list(zip(x, y)), 1), epochs=EPOCHS, batch_size=BATCH, shuffle=False, verbose=0)
+    ref = make_model()
+    ref.set_weights(w0)
+    ref.fit(x, y, epochs=EPOCHS, batch_size=BATCH, shuffle=False, verbose=0)
+    result["one_worker_vs_keras_fit"] = max(float(np.max(np.abs(a - b))) for a, b in zip(m.get_weights(), ref.get_weights()))
+
+    # distributed evaluate and predict of that model against Keras' own on JAX
+    sm = SparkModel(m)
+    result["evaluate"] = {"spark": sm.evaluate(rdd, batch_size=64), "keras": m.evaluate(x, y, verbose=0, return_dict=True)}
+    df = spark.createDataFrame([(r.tolist(), float(v)) for r, v in zip(x, y[:, 0])], "features array<float>, label double")
+    pred = sm.predict(df, feature_cols="features", batch_size=64)
+    got = np.array([r[0] for r in pred.select(pred.columns[-1]).collect()], dtype=np.float32).reshape(-1)
+    result["predict_max_diff"] = float(np.max(np.abs(got - m.predict(x, verbose=0).reshape(-1))))
+
+    # save and load_spark_model
+    path = os.path.join(out_dir, "saved")
+    sm.save(path)
+    loaded = load_spark_model(path)
+    result["load_max_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(loaded.model.get_weights(), m.get_weights()))
+
+    # checkpoint resume: one epoch, then a fit of two that resumes, against two uninterrupted epochs
+    ck = os.path.join(out_dir, "ck")
+    a = make_model()
+    a.set_weights(w0)
+    SparkModel(a, num_workers=2).fit(rdd, epochs=1, batch_size=BATCH, shuffle=False, verbose=0, checkpoint_dir=ck)
+    b = make_model()
+    b.set_weights(w0)
+    resumed = SparkModel(b, num_workers=2).fit(rdd, epochs=2, batch_size=BATCH, shuffle=False, verbose=0, checkpoint_dir=ck)
+    result["resume"] = {"epochs_run": list(resumed.epoch),
+                        "max_diff": max(float(np.max(np.abs(p - q))) for p, q in
+                                        zip(b.get_weights(), [weights[f"averaging_{i}"] for i in range(len(w0))]))}
+
+    # sparse embedding rows through the parameter server
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 50, size=(ROWS, 3)).astype("int32")
+    table_w = rng.normal(size=50)
+    ys = (table_w[ids].sum(axis=1) > 0).astype("float32")[:, None]
+    m = sparse_model()
+    sm = SparkModel(m, mode="synchronous", frequency="batch", num_workers=2, sparse_embeddings=True)
+    sm.fit(sc.parallelize(list(zip(ids, ys)), 2), epochs=3, batch_size=BATCH, verbose=0)
+    result["sparse"] = {"evaluate": m.evaluate(ids, ys, verbose=0, return_dict=True),
+                        "sparse_tables": (sm.stats.server or {}).get("sparse_tables")}
+
+    result["executor_env"] = dict(sc.environment)
+    np.savez(os.path.join(out_dir, "jax_weights.npz"), **weights)
+    with open(os.path.join(out_dir, "jax.json"), "w") as f:
+        json.dump(result, f, default=float)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,129 @@
+"""Keras on JAX (sparkdl_train.backend): every engine, model I/O, predict/evaluate, sparse rows and a
+checkpoint resume on ``local[2]`` with JAX's CPU build, in a process of its own (tests/jax_check.py;
+this suite's Keras runs on TensorFlow), compared with the same fits on TensorFlow from the same
+weights; the GPU check's executor pass (bench/gpu_check.py) on the CPU; the backend checks."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax_check
+import numpy as np
+import pytest
+from helpers import ROOT
+
+from sparkdl_train import backend
+from sparkdl_train.driver.preflight import problems
+from sparkdl_train.errors import ConfigError
+
+
+def _env():
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    env.pop("KERAS_BACKEND", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def jax_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("jax")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "jax_check.py"), str(out)], capture_output=True,
+                          text=True, timeout=900, env=_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    with open(out / "jax.json") as f:
+        result = json.load(f)
+    result["weights"] = dict(np.load(out / "jax_weights.npz"))
+    return result
+
+
+def test_every_engine_trains_on_jax_in_two_worker_processes(jax_run):
+    assert jax_run["backend"] == "jax"
+    assert jax_run["executor_env"].get("KERAS_BACKEND") == "jax"  # given by the fit: the JVM's environment lacks it
+    for name, case in jax_run["cases"].items():
+        assert len(case["pids"]) == 2, (name, case["pids"])
+        assert case["evaluate"]["accuracy"] >= 0.85, (name, case["evaluate"])
+        assert len(case["history"]["loss"]) == jax_check.EPOCHS
+
+
+def test_one_jax_worker_without_shuffling_equals_keras_fit_on_jax(jax_run):
+    assert jax_run["one_worker_vs_keras_fit"] <= 1e-5
+
+
+def test_jax_predict_evaluate_save_load_resume_and_sparse_rows(jax_run):
+    ev = jax_run["evaluate"]
+    assert ev["spark"][0] == pytest.approx(ev["keras"]["loss"], abs=1e-5)
+    assert ev["spark"][1] == pytest.approx(ev["keras"]["accuracy"], abs=1e-6)
+    assert jax_run["predict_max_diff"] <= 1e-5
+    assert jax_run["load_max_diff"] == 0.0
+    assert jax_run["resume"]["epochs_run"] == [1]  # the second epoch only, from the checkpoint
+    assert jax_run["resume"]["max_diff"] <= 1e-5  # equal to two uninterrupted epochs
+    assert jax_run["sparse"]["sparse_tables"] == ["table"]
+    assert jax_run["sparse"]["evaluate"]["accuracy"] >= 0.85
+
+
+# deterministic engines: the same steps in the same order on both backends (float32 arithmetic
+# differs in the last bits, which Adam's normalization of near-zero gradients lets grow a little)
+EQUAL = {"averaging": 2e-3, "sync-batch": 2e-3, "allreduce": 2e-3, "allreduce-fp16": 5e-3}
+
+
+@pytest.mark.parametrize("name", list(jax_check.CASES))
+def test_jax_fit_equals_the_tensorflow_fit_from_the_same_weights(jax_run, spark, name):
+    from sparkdl_train import SparkModel
+
+    x, y = jax_check.data()
+    w = jax_run["weights"]
+    n = len([k for k in w if k.startswith("init_")])
+    m = jax_check.make_model()
+    m.set_weights([w[f"init_{i}"] for i in range(n)])
+    kwargs, fit_kwargs = jax_check.CASES[name]
+    SparkModel(m, num_workers=2, **kwargs).fit(spark.sparkContext.parallelize(list(zip(x, y)), 2), epochs=jax_check.EPOCHS,
+                                               batch_size=jax_check.BATCH, shuffle=False, verbose=0, **fit_kwargs)
+    diff = max(float(np.max(np.abs(a - w[f"{name}_{i}"]))) for i, a in enumerate(m.get_weights()))
+    if name in EQUAL:
+        assert diff <= EQUAL[name], (name, diff)
+    else:  # asynchronous pushes interleave as the workers' timing falls: the same quality, not the same weights
+        acc = m.evaluate(x, y, verbose=0, return_dict=True)["accuracy"]
+        assert acc == pytest.approx(jax_run["cases"][name]["evaluate"]["accuracy"], abs=0.03), (name, diff)
+
+
+def test_gpu_check_runs_the_executor_pass_on_the_cpu(tmp_path):
+    """bench/gpu_check.py, small: without a GPU every variable is on the CPU and the 'GPU' pass is the CPU pass."""
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_check.py"), "--rows", "12000", "--vocab", "5000",
+                           "--batch", "256", "--equality-steps", "5", "--chunk", "4096", "--output", str(out)],
+                          capture_output=True, text=True, timeout=600, env=dict(_env(), KERAS_BACKEND="jax"), cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    r = json.loads(out.read_text())
+    assert r["backend"] == "jax" and r["device"].startswith("cpu")
+    p = r["pass"]["256"]
+    assert p["samples"] == 12000 and p["pass_samples_per_s"] > 0 and p["fit_samples_per_s"] > 0
+    assert p["startup"]["model_cached"] is True and p["startup"]["traced"] is False
+    assert set(r["placement"]) == {"cpu:0"}
+    assert r["cpu_equality"]["max_abs_diff"] == 0.0  # the same device twice
+    assert r["push"]["server_updates"] > 0 and r["push"]["tables"] == ["field_embedding", "linear_embedding"]
+    # the fused vector: every trainable weight plus the rank's weight
+    assert r["fused"]["256"]["vector_bytes"] % 4 == 0 and r["fused"]["256"]["gradients_seconds"] > 0
+
+
+def test_a_backend_sparkdl_train_cannot_train_on_is_refused_naming_the_supported_ones():
+    with pytest.raises(ConfigError, match="tensorflow and jax backends.*'torch'"):
+        backend.check_supported("torch")
+    assert backend.check_supported("jax") == "jax"
+
+
+def test_executors_on_another_backend_fail_the_preflight_naming_both_and_the_fix():
+    driver = {"sparkdl_train": "1", "keras": "3.15.1", "keras_backend": "jax"}
+    report = {"modules": {"sparkdl_train": {"version": "1"}, "keras": {"version": "3.15.1"}, "jax": {"version": "0.10"}},
+              "keras_backend": "tensorflow"}
+    (msg,) = problems(driver, report)
+    assert "'tensorflow' backend" in msg and "'jax'" in msg and "spark.executorEnv.KERAS_BACKEND=jax" in msg
+    report["modules"].pop("jax")
+    assert any("cannot import jax" in p for p in problems(driver, report))
+
+
+def test_a_worker_running_another_backend_refuses_the_task():
+    from sparkdl_train.worker import runtime
+
+    with pytest.raises(ConfigError, match="'jax' backend.*'tensorflow'.*KERAS_BACKEND"):
+        runtime.prepare_process(None, "jax")
+    runtime.prepare_process(None, "tensorflow")  # this process's
