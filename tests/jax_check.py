@@ -65,13 +65,13 @@ def sparse_model():
     return m
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None) -> None:
     import keras
     from pyspark.sql import SparkSession
 
     from sparkdl_train import SparkModel, load_spark_model
 
-    spark = (SparkSession.builder.master("local[2]").appName("sparkdl_train-jax")
+    spark = (SparkSession.builder.master(master).appName("sparkdl_train-jax")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1").config("spark.default.parallelism", "2")
              .config("spark.python.daemon.module", "sparkdl_train.worker.daemon").getOrCreate())
@@ -83,6 +83,8 @@ def main(out_dir: str) -> None:
     weights = {f"init_{i}": w for i, w in enumerate(w0)}
     result: dict = {"backend": keras.backend.backend(), "cases": {}}
     for name, (kwargs, fit_kwargs) in CASES.items():
+        if cases is not None and name not in cases:
+            continue
         m = make_model()
         m.set_weights(w0)
         sm = SparkModel(m, num_workers=2, **kwargs)
@@ -91,9 +93,18 @@ def main(out_dir: str) -> None:
             "history": hist.history,
             "evaluate": m.evaluate(x, y, verbose=0, return_dict=True),
             "pids": sorted({i.get("pid") for e in sm.stats.epochs for i in e.partitions.values()}),
+            "executor_ids": sorted({str(i.get("executor_id")) for e in sm.stats.epochs for i in e.partitions.values()}),
         }
         for i, w in enumerate(m.get_weights()):
             weights[f"{name}_{i}"] = w
+
+    if cases is not None:  # a cluster run: the engines only
+        result["executor_env"] = dict(sc.environment)
+        np.savez(os.path.join(out_dir, "jax_weights.npz"), **weights)
+        with open(os.path.join(out_dir, "jax.json"), "w") as f:
+            json.dump(result, f, default=float)
+        spark.stop()
+        return
 
     # one worker, no shuffling: the same steps as Keras' own fit on JAX
     m = make_model()
@@ -149,4 +160,5 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    # jax_check.py OUT_DIR [MASTER CASE,CASE]
+    main(sys.argv[1], *(sys.argv[2:3]), *([sys.argv[3].split(",")] if len(sys.argv) > 3 else []))

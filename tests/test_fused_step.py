@@ -10,7 +10,7 @@ def test_shard_gradients_average_to_the_full_batch_gradient(digits):
     import tensorflow as tf
 
     from sparkdl_train._compat import symbolic_build
-    from sparkdl_train.worker.fused_step import FusedStep
+    from sparkdl_train.backend.tensorflow import FusedStep
 
     x, y, _, _ = digits
     x, y = x[:48], y[:48]
@@ -47,7 +47,7 @@ def test_the_fused_step_traces_once_for_full_short_and_single_row_batches(digits
     import keras
 
     from sparkdl_train._compat import symbolic_build
-    from sparkdl_train.worker.fused_step import FusedStep
+    from sparkdl_train.backend.tensorflow import FusedStep
 
     x, y, _, _ = digits
     model = make_mlp()

@@ -127,3 +127,22 @@ def test_a_worker_running_another_backend_refuses_the_task():
     with pytest.raises(ConfigError, match="'jax' backend.*'tensorflow'.*KERAS_BACKEND"):
         runtime.prepare_process(None, "jax")
     runtime.prepare_process(None, "tensorflow")  # this process's
+
+
+@pytest.mark.slow
+def test_jax_fits_on_local_cluster_executors_that_get_the_backend_from_the_fit(tmp_path):
+    """local-cluster[2,1,2048]: executor JVMs launched without KERAS_BACKEND (the driver deleted it
+    from its environment after importing Keras on JAX); their Python workers run JAX because the fit
+    gives its stages KERAS_BACKEND=jax. Averaging, a parameter-server fit (its compiled pushes) and
+    allreduce on the same workers, each on both executors (allreduce after the others once went NaN
+    on one rank: backend/jax.py waits for each update now)."""
+    cases = ["averaging", "sync-batch", "allreduce"]
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "jax_check.py"), str(tmp_path), "local-cluster[2,1,2048]",
+                           ",".join(cases)], capture_output=True, text=True, timeout=900, env=_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    r = json.loads((tmp_path / "jax.json").read_text())
+    assert r["executor_env"].get("KERAS_BACKEND") == "jax"
+    for name in cases:
+        case = r["cases"][name]
+        assert len(case["executor_ids"]) == 2 and "driver" not in case["executor_ids"], (name, case["executor_ids"])
+        assert len(case["pids"]) == 2 and case["evaluate"]["accuracy"] >= 0.85, (name, case)

@@ -309,8 +309,13 @@ class FusedStep:
         return int(np.shape(_first_input(batch[0]))[0])
 
     def apply(self, summed: np.ndarray) -> None:
+        import jax
+
         groups = [self.variables, list(self.model.optimizer.variables)]
-        new = self._apply(list(_read(groups)), summed)
+        # waited for: with the update still running while the next step's gradient was dispatched,
+        # one rank of a two-rank ring on a reused worker came out NaN now and then (2026-11-26, on
+        # local-cluster; gone with the wait, cause not found). The next step needs the update anyway
+        new = jax.block_until_ready(self._apply(list(_read(groups)), summed))
         _write(groups, new)
 
 
@@ -364,7 +369,12 @@ class VariableIO(FlatLayout):
         return np.asarray(flat), [np.asarray(r) for r in rows]
 
     def write(self, flat: np.ndarray, ids: list[np.ndarray], rows: list[np.ndarray]) -> None:
-        dense_new, tables_new = self._write([t.value for t in self.tables], *_owned((flat, list(ids), list(rows))))
+        import jax
+
+        # waited for, as FusedStep.apply is (without it a PS fit followed by allreduce on the same
+        # workers went NaN on one rank)
+        dense_new, tables_new = jax.block_until_ready(
+            self._write([t.value for t in self.tables], *_owned((flat, list(ids), list(rows)))))
         for v, x in zip(self.dense, dense_new):
             _compat.assign_raw(v, x)
         for t, x in zip(self.tables, tables_new):
@@ -372,12 +382,7 @@ class VariableIO(FlatLayout):
 
 
 def variable_io(model: Any, dense: list[int], tables: list[int]) -> "VariableIO | None":
-    """``None``: pushes read and assign variable by variable (the eager path of
-    :class:`sparkdl_train.worker.sparse.TableSync`). :class:`VariableIO` works on its own
-    (tests/test_jax_backend.py), but a worker whose cached model had served a parameter-server fit
-    through it trained its next allreduce pass to NaN on the rank that adopts rank 0's broadcast
-    state (2026-11-26, not understood yet); until then it stays off."""
-    return None
+    return VariableIO.of(model, dense, tables)
 
 
 def scatter_rows(var: Any, ids: np.ndarray, rows: np.ndarray) -> None:
