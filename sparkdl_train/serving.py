@@ -66,6 +66,7 @@ class AuthServer:
         self.port = listener.getsockname()[1]
         t = threading.Thread(target=self._accept_loop, name=f"sparkdl_train-{self.kind}-accept", daemon=True)
         t.start()
+        self._accept_thread = t
         self._threads.append(t)
         log.info("%s listening on %s:%d", self.kind, self.host, self.port)
         return self
@@ -83,6 +84,11 @@ class AuthServer:
             except OSError:
                 pass
             self._listener.close()
+        # the accept loop first: a connection it accepted as the stop began must not get a handler
+        # this stop misses (a cancelled fit's last report left one alive for the handshake's timeout)
+        accept = getattr(self, "_accept_thread", None)
+        if accept is not None:
+            accept.join(timeout)
         with self._lock:
             conns = list(self._conns)
         for c in conns:
@@ -118,6 +124,9 @@ class AuthServer:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # notice hosts that vanish
             with self._lock:
+                if self._stopping.is_set():  # accepted as stop() began: refused, not served
+                    conn.close()
+                    break
                 self._conns.add(conn)
             t = threading.Thread(target=self._serve, args=(conn, peer), name=f"sparkdl_train-{self.kind}-{peer[1]}", daemon=True)
             self._threads = [x for x in self._threads if x.is_alive()]
