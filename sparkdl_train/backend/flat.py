@@ -1,4 +1,5 @@
-"""The dense weights of a parameter-server push as one flat vector (pure numpy; both backends)."""
+"""Layouts both backends share (pure numpy): the dense weights of a parameter-server push as one
+flat vector, and the fused allreduce step's gradient vector."""
 
 from __future__ import annotations
 
@@ -47,3 +48,25 @@ class FlatLayout:
             out.append(flat[pos:pos + n].reshape(shape))
             pos += n
         return out
+
+
+def first_input(x: Any) -> Any:
+    """The first array of a batch's features (its row count is the batch's)."""
+    import keras
+
+    return next(i for i in keras.tree.flatten(x) if i is not None)
+
+
+class FusedLayout:
+    """The fused step's vector: every trainable weight's gradient flattened, in the model's order,
+    then the rank's weight (``size`` floats)."""
+
+    def __init__(self, model: Any, batch_size: int):
+        self.model = model
+        self.variables = list(model.trainable_variables)
+        if not self.variables:
+            raise ValueError(f"model {model.name!r} has no trainable weights")
+        self.shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.size = sum(self.sizes) + 1
+        self.batch_size = float(batch_size)

@@ -19,18 +19,19 @@ String inputs cannot enter a JAX function: refused with a ConfigError.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .. import _compat
 from ..data.batching import Batch, tree_leaves, tree_map
 from ..errors import ConfigError
-from .flat import FlatLayout
+from .flat import FlatLayout, FusedLayout, first_input
 
 NAME = "jax"
 _ATTRIBUTE = "_sparkdl_train_jax_steps"
@@ -238,27 +239,14 @@ def eager_test_step(model: Any, batch: Batch) -> None:
 # -- the fused (allreduce) step -------------------------------------------------------------------
 
 
-def _first_input(x: Any) -> Any:
-    import keras
-
-    return next(i for i in keras.tree.flatten(x) if i is not None)
-
-
-class FusedStep:
+class FusedStep(FusedLayout):
     """The train step split around the allreduce (see :mod:`sparkdl_train.worker.fused_step`)."""
 
     def __init__(self, model: Any, batch_size: int):
         import jax
         import jax.numpy as jnp
 
-        self.model = model
-        self.variables = list(model.trainable_variables)
-        if not self.variables:
-            raise ValueError(f"model {model.name!r} has no trainable weights")
-        self.shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
-        self.sizes = [int(np.prod(s)) for s in self.shapes]
-        self.size = sum(self.sizes) + 1
-        self.batch_size = float(batch_size)
+        super().__init__(model, batch_size)
         offsets = np.cumsum([0, *self.sizes])
         shapes, sizes = self.shapes, self.sizes
 
@@ -291,7 +279,7 @@ class FusedStep:
 
     def _args(self, batch: tuple) -> tuple:
         x, y, sw = batch
-        rows = int(np.shape(_first_input(x))[0])
+        rows = int(np.shape(first_input(x))[0])
         return x, y, sw, np.float32(rows / self.batch_size)
 
     def trace(self, batch: tuple) -> bool:
@@ -306,7 +294,7 @@ class FusedStep:
         flat, new = self._gradients(list(_read(groups)), *args)
         _write(groups[1:3], new)
         np.copyto(out, np.asarray(flat))
-        return int(np.shape(_first_input(batch[0]))[0])
+        return int(np.shape(first_input(batch[0]))[0])
 
     def apply(self, summed: np.ndarray) -> None:
         import jax
@@ -409,25 +397,14 @@ def device_name(ordinal: int | None) -> str:
     return "cpu:0" if ordinal is None else f"gpu:{ordinal}"
 
 
-class device_scope:  # noqa: N801 - a context manager, used as one
-    """``jax.default_device`` of ``device`` (``"gpu:1"``, ``"cpu:0"``) while it is entered."""
+@contextlib.contextmanager
+def device_scope(device: str) -> Iterator[None]:
+    """``jax.default_device`` of ``device`` (``"gpu:1"``, ``"cpu:0"``) while the block runs."""
+    import jax
 
-    def __init__(self, device: str | None):
-        self.device = device
-        self._ctx: Any = None
-
-    def __enter__(self) -> None:
-        if self.device:
-            import jax
-
-            platform, _, ordinal = self.device.partition(":")
-            self._ctx = jax.default_device(jax.devices(platform)[int(ordinal or 0)])
-            self._ctx.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._ctx is not None:
-            self._ctx.__exit__(*exc)
-            self._ctx = None
+    platform, _, ordinal = device.partition(":")
+    with jax.default_device(jax.devices(platform)[int(ordinal or 0)]):
+        yield
 
 
 def device_of(variable: Any) -> str:

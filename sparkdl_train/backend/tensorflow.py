@@ -3,16 +3,17 @@ compiled variable reads and assigns, ``tf.device`` placement. See :mod:`sparkdl_
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .. import _compat
 from ..data.batching import Batch, tree_leaves, tree_map
-from .flat import FlatLayout
+from .flat import FlatLayout, FusedLayout, first_input
 
 NAME = "tensorflow"
 STEP_KINDS = ("train", "test", "predict")
@@ -127,19 +128,6 @@ def _eager_group(step: Callable[[Batch], Any]) -> Callable[[Batch], Any]:
     return run
 
 
-def _step_key(model: Any, kind: str, grouped: bool) -> tuple:
-    """A compiled step's key in the model's cache: compile() makes a new optimizer, traced anew."""
-    return (kind, id(getattr(model, "optimizer", None))) + (("grouped",) if grouped else ())
-
-
-def _eager_group(step: Callable[[Batch], Any]) -> Callable[[Batch], Any]:
-    def run(data: Batch) -> None:
-        for i in range(len(tree_leaves(data)[0])):
-            step(tree_map(lambda a: a[i], data))
-
-    return run
-
-
 def traces(model: Any, kind: str, grouped: bool = False) -> int:
     """How many times the model's current ``{kind}_step`` function (its compilation's; its
     ``grouped`` form) has been traced in this process; 0 before :func:`compiled_step` made it."""
@@ -168,24 +156,11 @@ def eager_test_step(model: Any, batch: Batch) -> None:
 # -- the fused (allreduce) step -------------------------------------------------------------------
 
 
-def _first_input(x: Any) -> Any:
-    import keras
-
-    return next(i for i in keras.tree.flatten(x) if i is not None)
-
-
-class FusedStep:
+class FusedStep(FusedLayout):
     def __init__(self, model: Any, batch_size: int):
         import tensorflow as tf
 
-        self.model = model
-        self.variables = list(model.trainable_variables)
-        if not self.variables:
-            raise ValueError(f"model {model.name!r} has no trainable weights")
-        self.shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
-        self.sizes = [int(np.prod(s)) for s in self.shapes]
-        self.size = sum(self.sizes) + 1
-        self.batch_size = float(batch_size)
+        super().__init__(model, batch_size)
         self._gradients = tf.function(self._gradients_impl, reduce_retracing=True)
         self._apply = tf.function(self._apply_impl)
 
@@ -196,7 +171,7 @@ class FusedStep:
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True) if _compat.call_takes_training(model) else model(x)
             loss = _compat.compute_loss(model)(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-            rows = tf.shape(_first_input(x))[0]
+            rows = tf.shape(first_input(x))[0]
             tracker = _compat.loss_tracker(model)
             if tracker is not None:
                 tracker.update_state(loss, sample_weight=rows)
@@ -238,7 +213,7 @@ class FusedStep:
 
 
 def _rows(x: Any) -> int:
-    return int(np.shape(_first_input(x))[0])
+    return int(np.shape(first_input(x))[0])
 
 
 # -- parameter-server pushes ----------------------------------------------------------------------
@@ -354,24 +329,13 @@ def device_name(ordinal: int | None) -> str:
     return "/CPU:0" if ordinal is None else f"/GPU:{ordinal}"
 
 
-class device_scope:  # noqa: N801 - a context manager, used as one
-    """``tf.device(device)`` when a device is given, else nothing."""
+@contextlib.contextmanager
+def device_scope(device: str) -> Iterator[None]:
+    """``tf.device(device)`` while the block runs."""
+    import tensorflow as tf
 
-    def __init__(self, device: str | None):
-        self.device = device
-        self._ctx: Any = None
-
-    def __enter__(self) -> None:
-        if self.device:
-            import tensorflow as tf
-
-            self._ctx = tf.device(self.device)
-            self._ctx.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._ctx is not None:
-            self._ctx.__exit__(*exc)
-            self._ctx = None
+    with tf.device(device):
+        yield
 
 
 def device_of(variable: Any) -> str:
