@@ -196,14 +196,12 @@ def compiled_step(model: Any, kind: str, batch: Batch, stats: dict[str, Any] | N
     _check_numeric(batch)
     if kind != "predict" and not _compat.compiled_metrics_built(model):
         _compat.symbolic_build(model, batch)  # the step's state includes the compiled metrics' variables
-    if model.run_eagerly:
-        step = _Stateful(model, kind, grouped)  # JAX has no eager Keras step: the jitted one
-    else:
-        cache = _cache(model)
-        key = _step_key(model, kind, grouped)
-        step = cache.get(key)
-        if step is None:
-            step = cache[key] = _Stateful(model, kind, grouped)
+    # run_eagerly too: the step is compiled (and kept) all the same
+    cache = _cache(model)
+    key = _step_key(model, kind, grouped)
+    step = cache.get(key)
+    if step is None:
+        step = cache[key] = _Stateful(model, kind, grouped)
     if stats is not None:
         before = len(step.compiled.executables)
         stats["traced"] = before == 0  # the first signature; later shapes compile at their first call

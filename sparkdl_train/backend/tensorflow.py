@@ -16,7 +16,6 @@ from ..data.batching import Batch, tree_leaves, tree_map
 from .flat import FlatLayout, FusedLayout, first_input
 
 NAME = "tensorflow"
-STEP_KINDS = ("train", "test", "predict")
 _ATTRIBUTE = "_sparkdl_train_compiled_steps"  # on the model itself: a cached model keeps its traces
 _memory_growth_set = False
 
@@ -78,8 +77,6 @@ def compiled_step(model: Any, kind: str, batch: Batch, stats: dict[str, Any] | N
     creating them, as Keras' own function is. ``stats["traced"]`` tells whether this call traced."""
     import tensorflow as tf
 
-    if kind not in STEP_KINDS:
-        raise ValueError(f"step kind must be one of {STEP_KINDS}, got {kind!r}")
     step = getattr(model, f"{kind}_step")
     if model.run_eagerly:
         return _eager_group(step) if grouped else step
