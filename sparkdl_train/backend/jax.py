@@ -270,10 +270,19 @@ class FusedStep(FusedLayout):
         self._apply = _Compiled(apply, _donate())
 
     def _grad_groups(self) -> list[list[Any]]:
+        """The gradient step's state: trainable, non-trainable, metric and optimizer variables; the
+        lists are kept once the compiled metrics are built (Keras' variable properties walk every
+        layer: not per step)."""
+        cached = getattr(self, "_state_groups", None)
+        if cached is not None:
+            return cached
         m = self.model
         if not m.optimizer.built:
             m.optimizer.build(self.variables)
-        return [self.variables, list(m.non_trainable_variables), list(m.metrics_variables), list(m.optimizer.variables)]
+        groups = [self.variables, list(m.non_trainable_variables), list(m.metrics_variables), list(m.optimizer.variables)]
+        if _compat.compiled_metrics_built(m):
+            self._state_groups = groups
+        return groups
 
     def _args(self, batch: tuple) -> tuple:
         x, y, sw = batch
@@ -297,7 +306,7 @@ class FusedStep(FusedLayout):
     def apply(self, summed: np.ndarray) -> None:
         import jax
 
-        groups = [self.variables, list(self.model.optimizer.variables)]
+        groups = [self.variables, self._grad_groups()[3]]
         # waited for: with the update still running while the next step's gradient was dispatched,
         # one rank of a two-rank ring on a reused worker came out NaN now and then (2026-11-26, on
         # local-cluster; gone with the wait, cause not found). The next step needs the update anyway
