@@ -246,6 +246,10 @@ class PendingCheck:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the check has ended (passed or failed), after waiting up to ``timeout`` seconds."""
+        return self._done.wait(timeout)
+
     def result(self) -> list[dict[str, Any]]:
         """The reports, or the check's :class:`ConfigError`. The check cancels its own job after its
         timeout; this wait adds a margin for the cancellation and never blocks forever."""

@@ -139,7 +139,8 @@ class PendingPrepare:
 
 
 def start_prepare(adapter: DataAdapter, payload_ref: Any, settings: StepSettings, kinds: Sequence[str], workers: int,
-                  after: SparkCall | None = None, digest: str | None = None) -> PendingPrepare:
+                  after: SparkCall | None = None, digest: str | None = None, check: Any = None,
+                  check_timeout: float = 0.0) -> PendingPrepare:
     """Start the prepare job for a fit on ``adapter`` with ``workers`` workers, on a helper thread,
     once ``after`` (the fit's sample job) has ended: Spark gives free slots to the job submitted
     first, and a prepare job ahead of the sample holds them until its tasks end, delaying the
@@ -149,7 +150,14 @@ def start_prepare(adapter: DataAdapter, payload_ref: Any, settings: StepSettings
     An architecture (``digest``) fitted before in this process starts at once, for the signature
     its last fit's sample had (:func:`remember_sample`): its workers most likely hold the model
     traced, so the tasks take a millisecond each and delay no sample, and its first epoch no longer
-    waits for a prepare job that starts after the sample (0.1 s of a small fit)."""
+    waits for a prepare job that starts after the sample (0.1 s of a small fit).
+
+    ``check`` (a :class:`~sparkdl_train.driver.preflight.PendingCheck`, given on a cluster): the job
+    is submitted only once the executors' environment check has ended too (up to ``check_timeout``
+    seconds). A check task still starting its executor's Python workers holds that executor's slot,
+    and the prepare tasks, a few milliseconds each once one has built the model, would all go to the
+    executors that were free: the busy executor's first epoch task then rebuilds the model (seen on a
+    loaded standalone cluster, all four prepare tasks in one executor's worker)."""
     sc = adapter.spark_context()
     if sc is None:
         return PendingPrepare(None, None, 0)
@@ -176,6 +184,8 @@ def start_prepare(adapter: DataAdapter, payload_ref: Any, settings: StepSettings
                 after.wait()
                 if batch is None:
                     batch = _rows_off(after)
+            if check is not None:
+                check.wait(check_timeout)  # a failed check fails the fit, which cancels this job
             task = PrepareTask(payload_ref, settings, batch, tuple(kinds) if batch is not None else ())
             submitted.set()  # collect() submits the job at once
             return collect(task)

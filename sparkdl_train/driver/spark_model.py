@@ -239,7 +239,8 @@ class SparkModel:
                     with phases("prepare_start"):
                         kinds = (engine_cls.step,) + (("test",) if val is not None else ())
                         prepare = start_prepare(train, refs.payload_ref(train), settings, kinds, launch.workers, after=sample,
-                                                digest=payload.digest)
+                                                digest=payload.digest, check=check if on_cluster(sc) else None,
+                                                check_timeout=config.core.preflight_timeout + 60.0)
                 batch = self._check_sample(train, "data", phases, ahead=sample)
                 remember_sample(payload.digest, batch)
                 settings = dataclasses.replace(settings, labels=row_signature(batch[1]))
