@@ -20,7 +20,9 @@ object:
   host-to-device seconds and bytes (dense weights and the touched embedding rows), and the
   parameter-server task's samples/s;
 * ``fused``: the fused step's gradient (forward, backward, flattening into one vector, copy to
-  the host) and apply (copy to the device, split, optimizer) against one plain train step.
+  the host) and apply (copy to the device, split, optimizer) against one plain train step;
+* ``state_transfer``: the whole state read to the host and written back, per variable against
+  batched transfers and pinned host memory.
 
 Without a GPU it runs on the CPU (the default suite runs it small: ``tests/test_jax_backend.py``).
 
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     out["cpu_equality"] = cpu_equality(payload, state, batches, mapping, args)
     out["push"] = push_cost(payload, state, batches, mapping, args)
     out["fused"] = fused_cost(payload, x_np, y_np, args)
+    out["state_transfer"] = state_transfer(payload)
     out["backend"] = backend.current().NAME
     text = json.dumps(out, indent=1, default=str)
     print(text)
@@ -263,6 +266,58 @@ def push_cost(payload, state, batches, mapping, args) -> dict:
                 "tables": [t.name for t in tables], "server_updates": ps_state.stats.as_dict().get("updates")}
     finally:
         server.stop()
+
+
+def state_transfer(payload, repeats: int = 3) -> dict:
+    """The model's whole state (weights and optimizer: what an averaging task returns and a task
+    starts from) read to the host and written back, several ways: per variable (``v.numpy()``, what
+    ``get_state`` does now), all transfers started at once (``jax.device_get``), through pinned host
+    memory (``device_put`` to the ``pinned_host`` memory kind, then numpy), and written per variable
+    (``v.assign``) against one ``device_put`` of the list. Best of ``repeats``, seconds."""
+    import jax
+
+    from sparkdl_train.model_io import state_variables
+    from sparkdl_train.worker import runtime
+
+    model = runtime.get_model(payload)
+    variables = state_variables(model)
+    values = [v.value for v in variables]
+    jax.block_until_ready(values)
+    arrays = [np.asarray(a) for a in values]
+    out: dict = {"arrays": len(values), "bytes": int(sum(a.nbytes for a in arrays))}
+
+    def best(fn):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return round(min(times), 5)
+
+    out["read_per_variable"] = best(lambda: [np.asarray(v.numpy()) for v in variables])
+    out["read_device_get"] = best(lambda: jax.device_get([v.value for v in variables]))
+    device = next(iter(values[0].devices()))
+    try:
+        pinned = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+
+        def via_pinned():
+            staged = jax.device_put([v.value for v in variables], pinned)
+            return [np.asarray(a) for a in jax.block_until_ready(staged)]
+
+        out["read_pinned_host"] = best(via_pinned)
+        got = via_pinned()
+        out["pinned_equal"] = all(np.array_equal(a, b) for a, b in zip(got, arrays))
+    except Exception as exc:  # noqa: BLE001 - a platform without pinned host memory: reported
+        out["read_pinned_host"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+
+    def assign_each():
+        for v, a in zip(variables, arrays):
+            v.assign(a)
+        jax.block_until_ready([v.value for v in variables])
+
+    out["write_per_variable"] = best(assign_each)
+    out["write_device_put"] = best(lambda: jax.block_until_ready(jax.device_put(arrays, device)))
+    return out
 
 
 def fused_cost(payload, x_np, y_np, args) -> dict:

@@ -83,8 +83,8 @@ def canonical_config(config: Any) -> Any:
     made equal: a functional or Sequential model's layer names (``dense_3`` in one build,
     ``dense_7`` in the next), where it defines and where it references them, become their
     positions; the model's own name and the optimizer's go; ``shared_object_id`` values (Python
-    object ids) become the order of first appearance. Kept as they are: input layers' names (the
-    keys of dict inputs), output layers' names when there are several (Keras maps dict labels and
+    object ids) become the order of first appearance. Kept as they are: a functional model's input
+    layers' names (the keys of dict inputs; a Sequential model's input is positional), output layers' names when there are several (Keras maps dict labels and
     names metrics by them), and every other value, so two configs that are equal here build models
     that compute the same function from the same state (layers are positional in that state)."""
     config = json.loads(json.dumps(config))  # a copy to rewrite
@@ -135,8 +135,11 @@ def _canonical_layers(node: Any) -> None:
     if len(outputs) > 1 or isinstance(inner.get("output_layers"), dict):
         keep.update(outputs)
     names = [layer.get("name", (layer.get("config") or {}).get("name")) for layer in layers]  # a Sequential's: in their config
+    # a functional model's input names are the keys of its dict inputs, so they stay; a Sequential
+    # model takes one positional input, and its InputLayer's generated name (``input_layer_3``)
+    # would make every build of the same architecture another one to its executors' model caches
     rename = {name: f"#{i}" for i, (name, layer) in enumerate(zip(names, layers))
-              if isinstance(name, str) and name not in keep and layer.get("class_name") != "InputLayer"}
+              if isinstance(name, str) and name not in keep and (not functional or layer.get("class_name") != "InputLayer")}
     if not rename:
         return
 

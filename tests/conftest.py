@@ -8,7 +8,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import pytest
-from helpers import REFERENCE_EPOCHS, ROOT, digits_split, make_mlp
+from helpers import REFERENCE_EPOCHS, ROOT, TEST_JVM_OPTIONS, digits_split, make_mlp
+
+if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):  # inherited by every JVM started from here
+    os.environ["JAVA_TOOL_OPTIONS"] = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {TEST_JVM_OPTIONS}".strip()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,6 +15,12 @@ ROOT = os.path.dirname(HERE)
 REFERENCE_EPOCHS = 12
 DAEMON = "sparkdl_train.worker.daemon"  # what ./run job and the shipped conf files use
 
+# Every JVM the tests start (the session's driver, spark-submit jobs, local-cluster executors, the
+# standalone Master, Workers and executors) is short-lived and small: C1 only and the serial
+# collector start one with about 40% less CPU (a local-cluster session: 35 -> 20 CPU-seconds; a
+# share of the default suite: 119 -> 83), and the suites are CPU-bound on 2 cores (docs/testing.md).
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 
 def settle(condition, timeout=10.0, interval=0.02):
     """Poll ``condition()`` until it is true or ``timeout`` seconds have passed; returns its last

@@ -71,10 +71,28 @@ def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None)
 
     from sparkdl_train import SparkModel, load_spark_model
 
-    spark = (SparkSession.builder.master(master).appName("sparkdl_train-jax")
-             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.default.parallelism", "2")
-             .config("spark.python.daemon.module", "sparkdl_train.worker.daemon").getOrCreate())
+    builder = (SparkSession.builder.master(master).appName("sparkdl_train-jax")
+               .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1").config("spark.default.parallelism", "2")
+               .config("spark.python.daemon.module", "sparkdl_train.worker.daemon"))
+    if master.startswith("local-cluster"):
+        # GPUs as Spark task resources, as tests/gpu_check.py gives them (tests/ is first on the path):
+        # each worker owns one fake GPU (physical ids 3 and 5), the executors see CUDA_VISIBLE_DEVICES=3,5
+        import stat
+        import tempfile
+
+        from gpu_check import SCRIPT
+
+        tmp = tempfile.mkdtemp()
+        script = os.path.join(tmp, "discover_gpus.sh")
+        with open(script, "w") as f:
+            f.write(SCRIPT.format(lock=os.path.join(tmp, "first.lock")))
+        os.chmod(script, os.stat(script).st_mode | stat.S_IEXEC)
+        builder = (builder.config("spark.executor.memory", "1g").config("spark.worker.resource.gpu.amount", "1")
+                   .config("spark.worker.resource.gpu.discoveryScript", script)
+                   .config("spark.executor.resource.gpu.amount", "1").config("spark.task.resource.gpu.amount", "1")
+                   .config("spark.executorEnv.CUDA_VISIBLE_DEVICES", "3,5"))
+    spark = builder.getOrCreate()
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     x, y = data()
@@ -94,6 +112,14 @@ def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None)
             "evaluate": m.evaluate(x, y, verbose=0, return_dict=True),
             "pids": sorted({i.get("pid") for e in sm.stats.epochs for i in e.partitions.values()}),
             "executor_ids": sorted({str(i.get("executor_id")) for e in sm.stats.epochs for i in e.partitions.values()}),
+            # what the first epoch's tasks found: the model the prepare job rebuilt, its steps compiled
+            "first_epoch": [{k: i.get("startup", {}).get(k) for k in ("model_cached", "traced")}
+                            for i in sm.stats.epochs[0].partitions.values()],
+            "first_epoch_detail": [{"pid": i.get("pid"), "attempt": i.get("attempt"), **i.get("startup", {})}
+                                   for i in sm.stats.epochs[0].partitions.values()],
+            "prepare": sm.stats.prepare,
+            "placements": sorted({(tuple(i.get("gpus", [])), tuple(i.get("cuda_ordinals", [])), i.get("device"))
+                                  for e in sm.stats.epochs for i in e.partitions.values()}),
         }
         for i, w in enumerate(m.get_weights()):
             weights[f"{name}_{i}"] = w
@@ -151,6 +177,38 @@ def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None)
     sm.fit(sc.parallelize(list(zip(ids, ys)), 2), epochs=3, batch_size=BATCH, verbose=0)
     result["sparse"] = {"evaluate": m.evaluate(ids, ys, verbose=0, return_dict=True),
                         "sparse_tables": (sm.stats.server or {}).get("sparse_tables")}
+
+    # the Spark ML estimator on a DataFrame: fitted, transformed on the executors, saved and loaded
+    from sparkdl_train.ml import KerasEstimator, KerasModel
+
+    m = make_model()
+    m.set_weights(w0)
+    fitted = KerasEstimator(model=m, mode="synchronous", epochs=EPOCHS, batchSize=BATCH, numWorkers=2,
+                            featuresCol="features", labelCol="label").fit(df)
+    keras_pred = fitted.getKerasModel().predict(x, verbose=0).reshape(-1)
+    ml_path = os.path.join(out_dir, "ml_model")
+    fitted.save(ml_path)
+    out = KerasModel.load(ml_path).transform(df)
+    got = np.array([r[0] for r in out.select("prediction").collect()], dtype=np.float32).reshape(-1)
+    result["ml"] = {"accuracy": fitted.getKerasModel().evaluate(x, y, verbose=0, return_dict=True)["accuracy"],
+                    "transform_max_diff": float(np.max(np.abs(got - keras_pred))),
+                    "mode": fitted.fitStats["mode"], "epochs": len(fitted.history["loss"])}
+
+    # the Elephas layer, as Elephas code calls it: synchronous per epoch is averaging, so it trains the
+    # averaging case's weights
+    from sparkdl_train.elephas.spark_model import SparkModel as ElephasSparkModel
+
+    m = make_model()
+    m.set_weights(w0)
+    el = ElephasSparkModel(m, frequency="epoch", mode="synchronous", num_workers=2)
+    el.fit(rdd, epochs=EPOCHS, batch_size=BATCH, verbose=0, validation_split=0.0, shuffle=False)
+    predictions = el.predict(x[:8])
+    result["elephas"] = {
+        "max_diff_from_averaging": max(float(np.max(np.abs(a - weights[f"averaging_{i}"]))) for i, a in enumerate(m.get_weights())),
+        "predict_type": type(predictions).__name__, "predict_rows": len(predictions),
+        "predict_max_diff": float(np.max(np.abs(np.asarray(predictions) - m.predict(x[:8], verbose=0)))),
+        "evaluate": el.evaluate(x, y), "histories": len(el.training_histories),
+    }
 
     result["executor_env"] = dict(sc.environment)
     np.savez(os.path.join(out_dir, "jax_weights.npz"), **weights)

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pyspark
+from helpers import TEST_JVM_OPTIONS
 
 SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
 _MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
@@ -46,7 +47,7 @@ def daemon_env(root: str) -> dict[str, str]:
         "SPARK_LOCAL_DIRS": os.path.join(root, "local"),  # executors' scratch: fetched archives, blocks
         # an executor downloads each --archives file into a fresh java.io.tmpdir folder before unpacking
         # it and deletes that only at a clean exit: every killed executor left 0.4 GB in /tmp
-        "JAVA_TOOL_OPTIONS": f"-Djava.io.tmpdir={os.path.join(root, 'tmp')}",
+        "JAVA_TOOL_OPTIONS": f"{TEST_JVM_OPTIONS} -Djava.io.tmpdir={os.path.join(root, 'tmp')}",
         "LANG": "C.UTF-8",
     }
     if os.environ.get("JAVA_HOME"):

@@ -43,6 +43,25 @@ def test_every_engine_trains_on_jax_in_two_worker_processes(jax_run):
         assert len(case["pids"]) == 2, (name, case["pids"])
         assert case["evaluate"]["accuracy"] >= 0.85, (name, case["evaluate"])
         assert len(case["history"]["loss"]) == jax_check.EPOCHS
+        # the prepare job rebuilt the model and compiled its steps for the batches' shapes: the first
+        # epoch's tasks compiled nothing (XLA compiles per shape: a batch of no rows would not do)
+        assert case["prepare"]["finished"] and case["prepare"]["traced"] >= 1, (name, case["prepare"])
+        # a first-epoch task on a model the prepare job built compiles nothing; one that missed it says why
+        assert all(not t["traced"] for t in case["first_epoch_detail"] if t["model_cached"]), (name, case["first_epoch_detail"])
+        assert all(t.get("cache_miss") for t in case["first_epoch_detail"] if not t["model_cached"])
+    first = jax_run["cases"]["averaging"]["first_epoch"]
+    assert first == [{"model_cached": True, "traced": False}] * 2, jax_run["cases"]["averaging"]["first_epoch_detail"]
+
+
+def test_the_spark_ml_estimator_and_the_elephas_layer_train_on_jax(jax_run):
+    ml = jax_run["ml"]
+    assert ml["mode"] == "synchronous" and ml["epochs"] == jax_check.EPOCHS and ml["accuracy"] >= 0.85, ml
+    assert ml["transform_max_diff"] <= 1e-5, ml  # the saved and loaded KerasModel's column is the model's predict
+    el = jax_run["elephas"]
+    assert el["max_diff_from_averaging"] <= 1e-6, el  # Elephas' synchronous/epoch is the averaging engine
+    assert el["predict_type"] == "list" and el["predict_rows"] == 8 and el["predict_max_diff"] <= 1e-5, el
+    assert el["histories"] == jax_check.EPOCHS
+    assert el["evaluate"][1] >= 0.85, el["evaluate"]  # [loss, accuracy], as Elephas returns
 
 
 def test_one_jax_worker_without_shuffling_equals_keras_fit_on_jax(jax_run):
@@ -135,7 +154,8 @@ def test_jax_fits_on_local_cluster_executors_that_get_the_backend_from_the_fit(t
     from its environment after importing Keras on JAX); their Python workers run JAX because the fit
     gives its stages KERAS_BACKEND=jax. Averaging, a parameter-server fit (its compiled pushes) and
     allreduce on the same workers, each on both executors (allreduce after the others once went NaN
-    on one rank: backend/jax.py waits for each update now)."""
+    on one rank: backend/jax.py waits for each update now), each task placed on the GPU Spark gave it
+    as a task resource (fake GPUs, as tests/test_gpu.py's)."""
     cases = ["averaging", "sync-batch", "allreduce"]
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "jax_check.py"), str(tmp_path), "local-cluster[2,1,2048]",
                            ",".join(cases)], capture_output=True, text=True, timeout=900, env=_env(), cwd=ROOT)
@@ -146,3 +166,6 @@ def test_jax_fits_on_local_cluster_executors_that_get_the_backend_from_the_fit(t
         case = r["cases"][name]
         assert len(case["executor_ids"]) == 2 and "driver" not in case["executor_ids"], (name, case["executor_ids"])
         assert len(case["pids"]) == 2 and case["evaluate"]["accuracy"] >= 0.85, (name, case)
+        # each task got its executor's GPU from Spark (re-mapped through CUDA_VISIBLE_DEVICES=3,5);
+        # this machine's JAX has no GPU, so the tasks ran on JAX's CPU device
+        assert case["placements"] == [[["3"], [0], "cpu:0"], [["5"], [1], "cpu:0"]], (name, case["placements"])

@@ -109,6 +109,14 @@ def test_a_model_built_again_has_the_same_digest_and_another_architecture_anothe
     assert digest(_functional(units=9)) != first.digest
     assert digest(_functional(input_name="features")) != first.digest  # the key of a dict input
     assert digest(_functional(skip_from_input=True)) != first.digest  # the same layers wired otherwise
+
+    def sequential():  # built again without clear_session: its InputLayer is input_layer_N, N new each time
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("adam", "mse")
+        return serialize_model(model)
+
+    one, two = sequential(), sequential()
+    assert one.archive != two.archive and one.digest == two.digest  # a Sequential model's input is positional
     # two outputs: their names address dict labels and name metrics, so generated ones differ
     assert digest(_functional(outputs=2)) != digest(_functional(outputs=2))
     assert digest(_functional(outputs=2, output_names=["a", "b"])) == digest(_functional(outputs=2, output_names=["a", "b"]))

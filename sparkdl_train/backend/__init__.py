@@ -13,7 +13,7 @@ A backend module provides:
     Import the framework; returns the seconds it took (0.0 when already imported).
 ``configure_threads(threads)``
     Size the framework's CPU thread pools before its first op (first call in a process wins).
-``compiled_step(model, kind, batch, stats, grouped)``, ``traces(model, kind, grouped)``, ``instantiate(model, kind, batch)``
+``compiled_step(model, kind, batch, stats, grouped)``, ``traces(model, kind, grouped)``, ``instantiate(model, kind, batch, sizes)``
     The model's own ``train_step`` / ``test_step`` / ``predict_step`` compiled once per model,
     called statefully on numpy batches (``grouped``: on a stack of batches in one call, as
     Keras' ``steps_per_execution``); see :mod:`sparkdl_train.worker.steps`.

@@ -92,6 +92,12 @@ class _Compiled:
         exe = self.executables[key] = self._jit.lower(state, *data).compile()
         return exe, True
 
+    def has(self, *data: Any) -> bool:
+        """Whether a call on ``data`` finds its executable compiled."""
+        import jax
+
+        return (_key(data), str(jax.config.jax_default_device or "")) in self.executables
+
     def __call__(self, state: Any, *data: Any) -> Any:
         exe, _ = self.executable(state, *data)
         return exe(state, *_owned(data))
@@ -202,9 +208,9 @@ def compiled_step(model: Any, kind: str, batch: Batch, stats: dict[str, Any] | N
     step = cache.get(key)
     if step is None:
         step = cache[key] = _Stateful(model, kind, grouped)
-    if stats is not None:
-        before = len(step.compiled.executables)
-        stats["traced"] = before == 0  # the first signature; later shapes compile at their first call
+    if stats is not None:  # whether the first call compiles (a pass's first call is a group of one batch)
+        first = tree_map(lambda a: np.asarray(a)[np.newaxis], batch) if grouped else batch
+        stats["traced"] = not step.compiled.has(first)
     return step
 
 
@@ -213,12 +219,12 @@ def traces(model: Any, kind: str, grouped: bool = False) -> int:
     return len(step.compiled.executables) if step is not None else 0
 
 
-def instantiate(model: Any, kind: str, batch: Batch, group: int = 1) -> bool:
-    """Compile the grouped step for ``batch``'s shape, a group of one batch (every pass's first
-    call) and of ``group`` batches; runs nothing. Returns whether anything was compiled."""
+def instantiate(model: Any, kind: str, batch: Batch, sizes: tuple[int, ...] = (1,)) -> bool:
+    """Compile the grouped step for groups of ``sizes`` batches shaped like ``batch`` (XLA compiles
+    per shape: the shapes of a pass's calls); runs nothing. Returns whether anything was compiled."""
     step = compiled_step(model, kind, batch, grouped=True)
     compiled = False
-    for n in sorted({1, max(1, group)}):
+    for n in sorted(set(sizes) | {1}):
         stacked = tree_map(lambda a, n=n: np.repeat(np.asarray(a)[np.newaxis], n, axis=0), batch)
         compiled = step.compile(stacked) or compiled
     return compiled
@@ -290,7 +296,10 @@ class FusedStep(FusedLayout):
         return x, y, sw, np.float32(rows / self.batch_size)
 
     def trace(self, batch: tuple) -> bool:
+        """Compile the gradient step for full batches of ``batch``'s signature (it may have no rows)."""
         _check_numeric(batch)
+        if int(np.shape(first_input(batch[0]))[0]) == 0:
+            batch = tree_map(lambda a: np.zeros((int(self.batch_size),) + np.shape(a)[1:], np.asarray(a).dtype), tuple(batch))
         _, compiled = self._gradients.executable(list(_read(self._grad_groups())), *self._args(tuple(batch)))
         return compiled
 

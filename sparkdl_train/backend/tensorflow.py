@@ -132,12 +132,12 @@ def traces(model: Any, kind: str, grouped: bool = False) -> int:
     return fn.experimental_get_tracing_count() if fn is not None else 0
 
 
-def instantiate(model: Any, kind: str, batch: Batch) -> bool:
+def instantiate(model: Any, kind: str, batch: Batch, sizes: tuple[int, ...] = (1,)) -> bool:
     """Trace ``kind``'s grouped step for ``batch``'s signature and call it on a group of no
     batches: TensorFlow optimizes and instantiates a function's graph at its first call (0.2 s of
     a CTR model's train step, beside 0.3 s of tracing), and a loop of no steps changes no state.
     Returns whether it traced. A model compiled with ``jit_compile`` is only traced (XLA compiles
-    each input shape at its first call)."""
+    each input shape at its first call). One graph serves every group size (``sizes``: unused)."""
     stats: dict[str, Any] = {}
     fn = compiled_step(model, kind, batch, stats, grouped=True)
     if not model.run_eagerly and not model.jit_compile:

@@ -111,6 +111,7 @@ class PendingPrepare:
             "finished": True,
             "python_workers": sorted({(r.get("host"), r.get("pid")) for r in self.reports}),
             "rebuilt": sum(1 for r in self.reports if r.get("cached") is False),
+            "cache_misses": sorted({r["cache_miss"] for r in self.reports if r.get("cache_miss")}),
             "traced": sum(1 for r in self.reports if r.get("traced")),
             "kinds": sorted({k for r in self.reports for k in r.get("traced", ())}),
             "errors": len(errors),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from .. import backend
+from .. import mlflow as tracking
 from ..config import EngineConfig, FitConfig, arguments_doc, split_applicable
 from ..data.adapters import DataAdapter, DataFrameAdapter, is_dataframe, is_rdd
 from ..data.batching import Batch, row_signature
@@ -159,6 +160,7 @@ class SparkModel:
         sample_weight_col: str | None = None,
         checkpoint_dir: str | None = None,
         transform: Any = None,
+        mlflow: bool | None = None,
     ) -> Any:
         """Train on ``data`` (DataFrame, RDD of ``(x, y)``) and return a ``keras.callbacks.History``.
 
@@ -185,6 +187,9 @@ class SparkModel:
         ``transform_threads`` / ``transform_rows`` settings). ``feature_cols``, ``label_col``
         and ``sample_weight_col`` then name its output keys. It is remembered, like the columns,
         for later ``evaluate`` / ``predict`` calls on DataFrames.
+
+        ``mlflow``: log this fit to MLflow from the driver (settings, per-epoch metrics, throughput,
+        where the tasks ran, the model); ``None`` follows :func:`sparkdl_train.mlflow.autolog`.
         """
         import keras
 
@@ -200,6 +205,7 @@ class SparkModel:
         if validation_data is not None and validation_split:
             raise ConfigError("pass either validation_data or validation_split, not both")
         _check_callbacks(callbacks)
+        track = tracking.enabled(mlflow)
         phases = Phases()  # FitStats.phases: where the time before the first epoch goes
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         self._remember_transform(transform, data)
@@ -219,6 +225,7 @@ class SparkModel:
         sampled = train  # the adapter the sample reads (train becomes its split / repartitioned form)
         refs = SharedRefs(payload)
         prepare: PendingPrepare | None = None
+        run: tracking.FitRun | None = None
         try:
             with _preflight_first(check), _cancelled_on_error(sample):
                 with phases("validation_split"):
@@ -261,6 +268,9 @@ class SparkModel:
             self.stats.steps_per_call = settings.group
             with phases("restore"):
                 fit_cfg, checkpointer = self._restore(checkpoint_dir, sc, fit_cfg)  # before the engine copies the weights
+            run = tracking.FitRun.start(config, dataclasses.asdict(fit_cfg)) if track else None
+            if run is not None:
+                callbacks = [*(callbacks or []), run.callback(self)]
             cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
                                               verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None)
             progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, launch.workers, log_interval=config.core.log_interval)
@@ -273,6 +283,8 @@ class SparkModel:
             if prepare is not None:
                 prepare.cancel()
             refs.release()
+            if run is not None:
+                run.fail()
             raise
         model.stop_training = False
         log.info("fit: %d epochs on %d workers (mode=%s, frequency=%s)", epochs, launch.workers, config.mode, config.frequency)
@@ -290,6 +302,8 @@ class SparkModel:
         except BaseException:
             if prepare is not None:
                 prepare.cancel()
+            if run is not None:
+                run.fail()
             raise
         finally:
             self.stats.server = engine.stats() if engine is not None else None
@@ -299,6 +313,8 @@ class SparkModel:
         if prepare is not None:  # its tasks ran before the first epoch's
             self.stats.prepare = prepare.finish()
         cb.on_train_end(logs)
+        if run is not None:
+            run.finish(model, self.stats, batch[0])
         return model.history
 
     def _run_epochs(self, engine: Engine, loop: "_EpochLoop") -> dict[str, Any]:

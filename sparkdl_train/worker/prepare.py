@@ -74,9 +74,12 @@ class PrepareTask:
         t0 = time.perf_counter()
         model = runtime.peek_model(value, device, labels)  # a model built for these labels, or for any
         cached = model is not None
+        miss = None if cached else runtime.cache_miss(value, device, labels)
         if model is None:  # marked as built for a guess of the labels: kept only if the data confirms it
             model = runtime.get_model(value, device, labels, confirmed=False)
         out: dict[str, Any] = {"cached": cached, "rebuild": round(time.perf_counter() - t0, 4), "traced": []}
+        if miss is not None:
+            out["cache_miss"] = miss
         if self.batch is None:
             return out
         t1 = time.perf_counter()
@@ -102,6 +105,6 @@ def _trace(model: Any, kind: str, batch: Batch, settings: StepSettings) -> None:
     elif kind in ("train", "test"):
         from .steps import instantiate
 
-        instantiate(model, kind, batch)  # traced, and its graph instantiated by a call on no batches
+        instantiate(model, kind, batch, settings.batch_size, settings.group)  # traced, and instantiated (TF) or compiled (JAX)
     else:
         raise ValueError(f"step kind must be one of {KINDS}, got {kind!r}")

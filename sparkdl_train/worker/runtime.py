@@ -90,6 +90,15 @@ def is_cached(payload: ModelPayload, device: str | None = None, labels: str | No
     return model is not None and _keeps(model, labels)
 
 
+def cache_miss(payload: ModelPayload, device: str | None = None, labels: str | None = None) -> str:
+    """Why :func:`is_cached` is false for these arguments (``FitStats`` shows it per task)."""
+    model = _models.get(f"{payload.digest}@{device}")
+    if model is None:
+        return f"not cached (this worker holds {len(_models)} other model(s))"
+    built, confirmed = model.__dict__.get(_BUILT_FOR, (None, True))
+    return f"cached for labels {built} ({'seen in data' if confirmed else 'a guess'}), the task's are {labels}"
+
+
 def get_model(payload: ModelPayload, device: str | None = None, labels: str | None = None, confirmed: bool = True) -> Any:
     """The model for ``payload`` with its variables on ``device`` (a TensorFlow device name,
     ``None``: TensorFlow's default), rebuilt once per Python worker process and device, and

@@ -137,12 +137,19 @@ def largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
 
 
-def instantiate(model: Any, kind: str, batch: Batch) -> bool:
+def instantiate(model: Any, kind: str, batch: Batch, batch_size: int | None = None, group: int = 1) -> bool:
     """Compile ``kind``'s grouped step for ``batch``'s signature ahead of the first epoch, as far
     as the backend can without running a step (TensorFlow: traced and instantiated on a group of
-    no batches; JAX: lowered and compiled for the group sizes a pass uses); changes no state.
-    Returns whether it traced."""
-    return backend.current().instantiate(model, kind, batch)
+    no batches; JAX: lowered and compiled for the shapes of :func:`run_steps`' calls: a first batch
+    alone, then ``size - 1`` and ``size`` batches of ``batch_size`` rows, ``size`` being
+    :func:`group_size` of ``group``); changes no state. ``batch`` may have no rows (its signature):
+    given ``batch_size``, it stands for full batches. Returns whether it traced."""
+    from ..data.batching import tree_map
+
+    if batch_size and num_rows(batch) == 0:
+        batch = tree_map(lambda a: np.zeros((batch_size,) + np.shape(a)[1:], np.asarray(a).dtype), batch)
+    size = group_size(group, batch) if num_rows(batch) else 1
+    return backend.current().instantiate(model, kind, batch, tuple(sorted({1, size - 1, size} - {0})))
 
 
 def predict_batches(model: Any, x: Any, batch_size: int) -> Any:

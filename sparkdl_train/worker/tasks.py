@@ -142,6 +142,8 @@ def _model(payload: Ref, state: Ref, settings: StepSettings, device: str | None,
     t0 = time.perf_counter()
     value = payload.value
     startup["model_cached"] = runtime.is_cached(value, device, settings.labels)
+    if not startup["model_cached"]:
+        startup["cache_miss"] = runtime.cache_miss(value, device, settings.labels)
     model = runtime.get_model(value, device, settings.labels)
     t1 = time.perf_counter()
     apply_state(model, state.value)
