@@ -22,7 +22,9 @@ object:
 * ``fused``: the fused step's gradient (forward, backward, flattening into one vector, copy to
   the host) and apply (copy to the device, split, optimizer) against one plain train step;
 * ``state_transfer``: the whole state read to the host and written back, per variable against
-  batched transfers and pinned host memory.
+  batched transfers and pinned host memory;
+* ``prepare_ahead``: the prepare job's task on a fresh worker, then the first pass: whether it
+  found its steps compiled, and its seconds against a second pass.
 
 Without a GPU it runs on the CPU (the default suite runs it small: ``tests/test_jax_backend.py``).
 
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     out["push"] = push_cost(payload, state, batches, mapping, args)
     out["fused"] = fused_cost(payload, x_np, y_np, args)
     out["state_transfer"] = state_transfer(payload)
+    out["prepare_ahead"] = prepare_ahead(payload, state, batches, mapping, args)
     out["backend"] = backend.current().NAME
     text = json.dumps(out, indent=1, default=str)
     print(text)
@@ -266,6 +269,37 @@ def push_cost(payload, state, batches, mapping, args) -> dict:
                 "tables": [t.name for t in tables], "server_updates": ps_state.stats.as_dict().get("updates")}
     finally:
         server.stop()
+
+
+def prepare_ahead(payload, state, batches, mapping, args) -> dict:
+    """The prepare job's task (:class:`sparkdl_train.worker.prepare.PrepareTask`) on a fresh model
+    cache, then the first partition pass on it: does the pass find its steps compiled (XLA compiles
+    per shape: the prepare task compiles a pass's call shapes from the data's signature), and what
+    did the first pass cost against a second one."""
+    from sparkdl_train.data.batching import row_signature, take_rows
+    from sparkdl_train.worker import runtime
+    from sparkdl_train.worker.prepare import PrepareTask
+    from sparkdl_train.worker.tasks import StepSettings
+
+    out = {}
+    for bs in args.batch:
+        part = _first_rows(batches, min(args.rows, bs * args.group * 20))
+        first = next(iter(mapping.chunks(iter(part[:1]), 0)))
+        signature = take_rows(first, slice(0, 0))
+        settings = StepSettings(batch_size=bs, group=args.group, keras_backend="jax", labels=row_signature(first[1]))
+        runtime._models.clear()
+        t0 = time.perf_counter()
+        report = PrepareTask(Ref(payload), settings, signature, ("train",))(0)
+        prepare_seconds = time.perf_counter() - t0
+        partial, first_seconds = partition_pass(payload, state, settings, part, mapping)
+        _, second_seconds = partition_pass(payload, state, settings, part, mapping, epoch=1)
+        startup = partial.partitions[0].get("startup", {})
+        out[str(bs)] = {"prepare_seconds": round(prepare_seconds, 3), "prepare_error": report.get("error"),
+                        "model_cached": startup.get("model_cached"), "traced": startup.get("traced"),
+                        "first_step_seconds": startup.get("first_step"), "first_pass_seconds": round(first_seconds, 3),
+                        "second_pass_seconds": round(second_seconds, 3), "rows": sum(b.num_rows for b in part)}
+    runtime._models.clear()
+    return out
 
 
 def state_transfer(payload, repeats: int = 3) -> dict:

@@ -52,6 +52,9 @@ def parse_args(argv: list[str]) -> dict:
                         "executor memory (on a local path every host sees, the tasks read them directly with pyarrow)")
     p.add_argument("--checkpoint-dir", dest="checkpoint_dir",
                    help="write the full training state here after every epoch (any Hadoop path)")
+    p.add_argument("--mlflow", action="store_true", default=None,
+                   help="log the run to MLflow from the driver (MLFLOW_TRACKING_URI; sparkdl_train.mlflow): settings, "
+                        "epoch metrics, throughput, executors, the model, test AUC and summary.json")
     p.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir (after a lost driver: submit the same command with --resume)")
     args = vars(p.parse_args(argv))
@@ -173,9 +176,19 @@ def main(argv: list[str], spark=None) -> dict:
     )
     columns = {"feature_cols": {"numeric": "numeric", "categorical": "categorical"}, "label_col": "label"}
     sm = SparkModel(model, mode=cfg["mode"], frequency=cfg["frequency"], num_workers=cfg.get("workers"), seed=cfg["seed"])
+    run = None
+    if cfg.get("mlflow"):  # one run for the whole job: the fit logs into it, the job adds its test metrics and summary
+        from sparkdl_train import mlflow as tracking
+
+        run = tracking.require().start_run(run_name=f"train_ctr {cfg['model']} {cfg['mode']}")
     t1 = time.perf_counter()
-    history = sm.fit(train, epochs=cfg["epochs"], batch_size=cfg["batch_size"], validation_data=test, verbose=1,
-                     checkpoint_dir=cfg.get("checkpoint_dir"), **columns)
+    try:
+        history = sm.fit(train, epochs=cfg["epochs"], batch_size=cfg["batch_size"], validation_data=test, verbose=1,
+                         checkpoint_dir=cfg.get("checkpoint_dir"), mlflow=bool(cfg.get("mlflow")), **columns)
+    except BaseException:
+        if run is not None:
+            tracking.require().end_run(status="FAILED")
+        raise
     train_seconds = time.perf_counter() - t1
 
     test_logs = sm.evaluate(test, batch_size=4096, return_dict=True, **columns)
@@ -225,6 +238,8 @@ def main(argv: list[str], spark=None) -> dict:
     }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
+    if run is not None:
+        tracking.finish_job_run(os.path.join(out_dir, "summary.json"), {"test_auc": exact_auc, "test_logloss": test_logs["loss"]})
 
     print("\n=== sparkdl_train CTR job ===")
     print(f"model {cfg['model']}  mode {cfg['mode']}/{sm.stats.frequency}  workers {sm.stats.num_workers}  epochs {summary['epochs']}")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any
 
 from .errors import ConfigError
@@ -40,7 +39,8 @@ log = logging.getLogger(__name__)
 _settings: dict[str, Any] = {"enabled": False, "log_models": True, "run_name": None}
 
 
-def _import_mlflow() -> Any:
+def require() -> Any:
+    """The ``mlflow`` module, or a ConfigError saying how to install it."""
     try:
         import mlflow
     except ImportError as exc:
@@ -53,7 +53,7 @@ def autolog(disable: bool = False, log_models: bool = True, run_name: str | None
     """Track every later ``SparkModel.fit`` of this process in MLflow (``disable=True`` stops it).
     ``log_models``: log the trained model; ``run_name``: the name of runs a fit starts itself."""
     if not disable:
-        _import_mlflow()
+        require()
     _settings.update(enabled=not disable, log_models=bool(log_models), run_name=run_name)
 
 
@@ -77,7 +77,7 @@ class FitRun:
 
     @classmethod
     def start(cls, config: Any, fit_args: dict[str, Any]) -> "FitRun":
-        mlflow = _import_mlflow()
+        mlflow = require()
         active = mlflow.active_run()
         run = active or mlflow.start_run(run_name=_settings["run_name"])
         tracker = cls(mlflow, active is None, run.info.run_id)
@@ -178,9 +178,12 @@ def _param(v: Any) -> str:
     return text[:6000]  # MLflow's limit on a parameter's value
 
 
-def artifact(path: str, run_id: str | None = None) -> None:
-    """Log the file ``path`` (e.g. a job's ``summary.json``) into the run ``run_id`` (the active one when ``None``)."""
-    mlflow = _import_mlflow()
-    if not os.path.exists(path):
-        raise FileNotFoundError(path)
-    mlflow.log_artifact(path, run_id=run_id)
+def finish_job_run(summary_path: str, metrics: dict[str, float]) -> None:
+    """End a job's active run (``jobs/train_ctr.py --mlflow``): its final ``metrics`` (test AUC,
+    logloss) and its ``summary.json`` as an artifact."""
+    mlflow = require()
+    try:
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+        mlflow.log_artifact(summary_path)
+    finally:
+        mlflow.end_run()

@@ -132,6 +132,24 @@ def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None)
         spark.stop()
         return
 
+    # grouped steps compiled ahead (a prepare task's instantiate), then a pass of 23 full batches and a
+    # short one in groups of 16: calls of 1, 15, then the 7 left one by one, then the short batch; only
+    # the short batch's shape compiles during the pass, and the weights equal a pass of single steps
+    from sparkdl_train.worker.steps import instantiate, run_steps, traces
+
+    batches = [(x[i:i + BATCH], y[i:i + BATCH], None) for i in range(0, 23 * BATCH, BATCH)]
+    batches.append((x[23 * BATCH:23 * BATCH + 10], y[23 * BATCH:23 * BATCH + 10], None))
+    grouped, single = make_model(), make_model()
+    single.set_weights(grouped.get_weights())
+    instantiate(grouped, "train", (x[:0], y[:0], None), BATCH, 16)
+    ahead = traces(grouped, "train", grouped=True)
+    samples, steps = run_steps(grouped, iter(batches), True, group=16)
+    run_steps(single, iter(batches), True, group=1)
+    result["tail"] = {"compiled_ahead": ahead, "compiled_after": traces(grouped, "train", grouped=True),
+                      "samples": samples, "steps": steps,
+                      "max_diff_from_single_steps": max(float(np.max(np.abs(a - b)))
+                                                         for a, b in zip(grouped.get_weights(), single.get_weights()))}
+
     # one worker, no shuffling: the same steps as Keras' own fit on JAX
     m = make_model()
     m.set_weights(w0)

@@ -1,3 +1,4 @@
+import functools
 import json
 import os
 import signal
@@ -131,11 +132,28 @@ SMALL_ROWS = 80_000
 @pytest.mark.parametrize(
     "mode,frequency", [("synchronous", "epoch"), ("asynchronous", "4"), ("hogwild", "batch"), ("allreduce", None)]
 )
-def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, frequency):
+def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, frequency, request):
     argv = ["--data", small_ctr, "--mode", mode, "--epochs", "1", "--workers", "2", "--output", str(tmp_path)]
     if mode == "hogwild":  # features written as Parquet: the tasks read the files themselves
         argv += ["--features-dir", str(tmp_path / "features")]
+    tracked = mode == "asynchronous"  # --mlflow: the job's one run, into a SQLite store here
+    if tracked:
+        import mlflow
+
+        request.addfinalizer(functools.partial(mlflow.set_tracking_uri, mlflow.get_tracking_uri()))
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        mlflow.set_experiment(experiment_id=mlflow.create_experiment("ctr", artifact_location=(tmp_path / "runs").as_uri()))
+        argv.append("--mlflow")
     s = job.main(argv + (["--frequency", frequency] if frequency else []), spark=spark)
+    if tracked:
+        (run,) = mlflow.search_runs(output_format="list")
+        assert run.info.status == "FINISHED" and mlflow.active_run() is None
+        assert run.data.params["core.mode"] == "asynchronous" and run.data.params["core.frequency"] == "4"
+        assert run.data.metrics["test_auc"] == pytest.approx(s["test_auc"]) and "val_loss" in run.data.metrics
+        assert run.data.tags["sparkdl_train.executor_ids"] == ",".join(s["executor_ids"])
+        names = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+        assert {"summary.json", "settings.json", "fit_stats.json"} <= names, names
+        assert mlflow.models.get_model_info(f"runs:/{run.info.run_id}/model").signature is not None
     assert s["data_source"] == ("parquet" if mode == "hogwild" else "spark")
     assert s["mode"] == mode and s["workers"] == 2 and s["epochs"] == 1
     assert s["frequency"] == {None: "batch", "epoch": "epoch", "4": 4, "batch": "batch"}[frequency]

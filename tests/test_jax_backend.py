@@ -53,6 +53,14 @@ def test_every_engine_trains_on_jax_in_two_worker_processes(jax_run):
     assert first == [{"model_cached": True, "traced": False}] * 2, jax_run["cases"]["averaging"]["first_epoch_detail"]
 
 
+def test_grouped_steps_compiled_ahead_leave_only_a_short_batch_to_compile(jax_run):
+    tail = jax_run["tail"]
+    assert tail["compiled_ahead"] == 3  # groups of 1, 15 and 16 full batches
+    assert tail["compiled_after"] == 4  # + the short last batch; the last 7 full batches ran one by one
+    assert tail["steps"] == 24 and tail["samples"] == 23 * jax_check.BATCH + 10
+    assert tail["max_diff_from_single_steps"] <= 1e-6
+
+
 def test_the_spark_ml_estimator_and_the_elephas_layer_train_on_jax(jax_run):
     ml = jax_run["ml"]
     assert ml["mode"] == "synchronous" and ml["epochs"] == jax_check.EPOCHS and ml["accuracy"] >= 0.85, ml

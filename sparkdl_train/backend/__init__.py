@@ -9,6 +9,9 @@ the preflight check fails a fit whose executors run another one.
 
 A backend module provides:
 
+``NAME``, ``COMPILES_PER_SHAPE``
+    The backend's name; whether its compiled steps are per input shape (JAX: a pass runs a short
+    last group batch by batch instead of compiling its size).
 ``import_framework()``
     Import the framework; returns the seconds it took (0.0 when already imported).
 ``configure_threads(threads)``

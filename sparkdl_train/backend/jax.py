@@ -34,6 +34,9 @@ from ..errors import ConfigError
 from .flat import FlatLayout, FusedLayout, first_input
 
 NAME = "jax"
+# XLA compiles an executable per input shape: a pass runs a short last group batch by batch
+# (sparkdl_train.worker.steps.run_steps) rather than compiling its size
+COMPILES_PER_SHAPE = True
 _ATTRIBUTE = "_sparkdl_train_jax_steps"
 
 

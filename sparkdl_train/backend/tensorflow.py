@@ -16,6 +16,7 @@ from ..data.batching import Batch, tree_leaves, tree_map
 from .flat import FlatLayout, FusedLayout, first_input
 
 NAME = "tensorflow"
+COMPILES_PER_SHAPE = False  # one traced graph, its batch and group dimensions open
 _ATTRIBUTE = "_sparkdl_train_compiled_steps"  # on the model itself: a cached model keeps its traces
 _memory_growth_set = False
 

@@ -102,13 +102,27 @@ def run_steps(
         if on_batch is not None:
             on_batch(steps, samples)
 
+    per_shape = getattr(backend.current(), "COMPILES_PER_SHAPE", False)
+
+    def flush_rest() -> None:
+        """The batches left before a change of shape or the end: on a backend that compiles per
+        shape (JAX), a group of a size no call had so far runs one batch per call, on the
+        executable every pass compiles (:func:`instantiate`'s), instead of compiling another."""
+        if per_shape and len(pending) not in (1, size - 1, size):
+            rest = pending[:]
+            for b in rest:
+                pending[:] = [b]
+                flush()
+        else:
+            flush()
+
     for batch in batches:
         n = num_rows(batch)
         if n == 0:
             continue
         found = (row_signature(batch), n)
         if pending and found != key:  # a short last batch, or a chunk of other dtypes (mixed RDD rows): a call of its own
-            flush()
+            flush_rest()
         if found != key:
             size = group_size(group, batch)
         key = found
@@ -118,7 +132,7 @@ def run_steps(
         if steps + len(pending) == 1 or (steps + len(pending)) % size == 0:
             flush()
     if pending:
-        flush()
+        flush_rest()
     if tally is not None:
         tally["calls"] = calls
     return samples, steps
