@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .. import _compat
-from ..data.batching import Batch, tree_leaves, tree_map
+from ..data.batching import Batch, tree_leaves, tree_map, zero_rows
 from ..errors import ConfigError
 from .flat import FlatLayout, FusedLayout, first_input
 
@@ -302,7 +302,7 @@ class FusedStep(FusedLayout):
         """Compile the gradient step for full batches of ``batch``'s signature (it may have no rows)."""
         _check_numeric(batch)
         if int(np.shape(first_input(batch[0]))[0]) == 0:
-            batch = tree_map(lambda a: np.zeros((int(self.batch_size),) + np.shape(a)[1:], np.asarray(a).dtype), tuple(batch))
+            batch = zero_rows(tuple(batch), int(self.batch_size))
         _, compiled = self._gradients.executable(list(_read(self._grad_groups())), *self._args(tuple(batch)))
         return compiled
 

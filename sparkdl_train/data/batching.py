@@ -96,6 +96,12 @@ def take_rows(batch: Batch, index: np.ndarray | slice) -> Batch:
     return tree_map(lambda a: a[index], batch)
 
 
+def zero_rows(batch: Batch, rows: int) -> Batch:
+    """A batch of ``rows`` zero rows with ``batch``'s signature (it may have no rows itself): what a
+    backend that compiles per shape compiles a full batch's step for."""
+    return tree_map(lambda a: np.zeros((rows,) + np.shape(a)[1:], np.asarray(a).dtype), batch)
+
+
 def rebatch(
     chunks: Iterable[Batch],
     batch_size: int,

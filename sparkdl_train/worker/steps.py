@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .. import _compat, backend
-from ..data.batching import Batch, num_rows, row_signature, stack_batches, tree_leaves
+from ..data.batching import Batch, num_rows, row_signature, stack_batches, tree_leaves, zero_rows
 
 STEP_KINDS = ("train", "test", "predict")
 # a group of batches (run_steps' group) is stacked into one array per input: at most this many bytes
@@ -158,10 +158,8 @@ def instantiate(model: Any, kind: str, batch: Batch, batch_size: int | None = No
     alone, then ``size - 1`` and ``size`` batches of ``batch_size`` rows, ``size`` being
     :func:`group_size` of ``group``); changes no state. ``batch`` may have no rows (its signature):
     given ``batch_size``, it stands for full batches. Returns whether it traced."""
-    from ..data.batching import tree_map
-
     if batch_size and num_rows(batch) == 0:
-        batch = tree_map(lambda a: np.zeros((batch_size,) + np.shape(a)[1:], np.asarray(a).dtype), batch)
+        batch = zero_rows(batch, batch_size)
     size = group_size(group, batch) if num_rows(batch) else 1
     return backend.current().instantiate(model, kind, batch, tuple(sorted({1, size - 1, size} - {0})))
 
