@@ -86,9 +86,7 @@ class _Compiled:
         self.executables: dict[tuple, Any] = {}
 
     def executable(self, state: Any, *data: Any) -> tuple[Any, bool]:
-        import jax
-
-        key = (_key(data), str(jax.config.jax_default_device or ""))
+        key = self._signature(data)
         exe = self.executables.get(key)
         if exe is not None:
             return exe, False
@@ -97,9 +95,14 @@ class _Compiled:
 
     def has(self, *data: Any) -> bool:
         """Whether a call on ``data`` finds its executable compiled."""
+        return self._signature(data) in self.executables
+
+    @staticmethod
+    def _signature(data: tuple) -> tuple:
+        """What an executable is compiled for: the data's shapes and dtypes, and the default device."""
         import jax
 
-        return (_key(data), str(jax.config.jax_default_device or "")) in self.executables
+        return _key(data), str(jax.config.jax_default_device or "")
 
     def __call__(self, state: Any, *data: Any) -> Any:
         exe, _ = self.executable(state, *data)

@@ -83,16 +83,20 @@ def _keeps(model: Any, labels: str | None) -> bool:
     return built == labels or (confirmed and labels is None)
 
 
+def _cache_key(payload: ModelPayload, device: str | None) -> str:
+    return f"{payload.digest}@{device}"  # variables live on the device they were built on
+
+
 def is_cached(payload: ModelPayload, device: str | None = None, labels: str | None = None) -> bool:
     """Whether this worker holds the model for ``payload`` already (rebuilt and traced), one
     :func:`get_model` with ``labels`` keeps."""
-    model = _models.get(f"{payload.digest}@{device}")
+    model = _models.get(_cache_key(payload, device))
     return model is not None and _keeps(model, labels)
 
 
 def cache_miss(payload: ModelPayload, device: str | None = None, labels: str | None = None) -> str:
     """Why :func:`is_cached` is false for these arguments (``FitStats`` shows it per task)."""
-    model = _models.get(f"{payload.digest}@{device}")
+    model = _models.get(_cache_key(payload, device))
     if model is None:
         return f"not cached (this worker holds {len(_models)} other model(s))"
     built, confirmed = model.__dict__.get(_BUILT_FOR, (None, True))
@@ -109,7 +113,7 @@ def get_model(payload: ModelPayload, device: str | None = None, labels: str | No
     A cached model whose compiled loss and metrics were built for other labels (:func:`_keeps`)
     is dropped and rebuilt. ``confirmed=False``: ``labels`` is a guess (a prepare task's, from
     column types); the model serves only tasks whose labels turn out to have it."""
-    key = f"{payload.digest}@{device}"  # variables live on the device they were built on
+    key = _cache_key(payload, device)
     model = _models.get(key)
     if model is not None and not _keeps(model, labels):
         log.info("dropping the cached model built for labels %s: this task's are %s", model.__dict__[_BUILT_FOR][0], labels)
@@ -130,7 +134,7 @@ def get_model(payload: ModelPayload, device: str | None = None, labels: str | No
 def peek_model(payload: ModelPayload, device: str | None = None, labels: str | None = None) -> Any:
     """The cached model for ``payload`` on ``device`` that a task with ``labels`` would get, or
     ``None``; changes nothing."""
-    model = _models.get(f"{payload.digest}@{device}")
+    model = _models.get(_cache_key(payload, device))
     return model if model is not None and _keeps(model, labels) else None
 
 
