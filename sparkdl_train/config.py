@@ -286,7 +286,7 @@ class CoreConfig(_Group):
     safe_mode: bool = setting(None, True, Bool(), "Passed to keras.saving.load_model on the executors.")
     host: str | None = setting(
         "ps.host", None, Text(optional=True), "Address the driver's servers (parameter server, live reports) bind to "
-        "(default: spark.driver.host).", arg="ps_host", argument=False)
+        "(default: spark.driver.host; on a Spark Connect session, the client's address on its route to the server).", arg="ps_host", argument=False)
     tls: str = setting(
         "network.tls", "auto", Choice(("auto", "on", "off"), "tls"),
         "TLS for the parameter server, the ring allreduce and the report server, with a per-fit certificate pinned by "

@@ -17,7 +17,9 @@ import enum
 import re
 from dataclasses import dataclass, field
 
-SPARK_ERRORS = ("PythonException", "Py4JJavaError", "SparkException")
+# the classic session's, and a Spark Connect client's (pyspark.errors.exceptions.connect: an
+# interrupted operation arrives as an UnknownException wrapping OPERATION_CANCELED)
+SPARK_ERRORS = ("PythonException", "Py4JJavaError", "SparkException", "UnknownException", "SparkConnectGrpcException")
 
 
 class Cause(str, enum.Enum):
@@ -32,7 +34,7 @@ class Cause(str, enum.Enum):
 
 # (cause, pattern): the first that matches wins, so the specific come first
 _RULES: tuple[tuple[Cause, re.Pattern], ...] = (
-    (Cause.CANCELLED, re.compile(r"Job \d+ cancelled")),
+    (Cause.CANCELLED, re.compile(r"Job \d+ cancelled|\[OPERATION_CANCELED\]")),
     (Cause.USER_ERROR, re.compile(r"sparkdl_train\.errors\.(?:DataError|TransformError|ModelError|ConfigError)")),
     (Cause.WORKER_LOST, re.compile(r"Python worker exited unexpectedly")),
     (Cause.EXECUTOR_LOST, re.compile(r"ExecutorLostFailure|Executor lost|executor \S+ exited|Lost executor")),
@@ -42,7 +44,7 @@ _RULES: tuple[tuple[Cause, re.Pattern], ...] = (
 _TASK = re.compile(r"[Tt]ask (\d+)(?:\.\d+)? in stage|barrier task \w*Task\(\d+, (\d+)\)")
 # the lost executor's id, and the line that says so ("ExecutorLostFailure (executor 10 exited ...) Reason: ...")
 _EXECUTOR = re.compile(r"ExecutorLostFailure \(executor (\S+?)\b[^\n]*|Lost executor (\S+) on[^\n]*|executor (\S+) exited[^\n]*")
-_CANCELLED_LINE = re.compile(r"Job \d+ cancelled[^\n]*")
+_CANCELLED_LINE = re.compile(r"Job \d+ cancelled[^\n]*|\[OPERATION_CANCELED\][^\n]*")
 _CAUSE_LINES = ("sparkdl_train.", "ValueError", "TypeError", "RuntimeError", "KeyError", "MemoryError")
 
 

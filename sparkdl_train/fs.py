@@ -27,7 +27,9 @@ class FileSystem:
     """Read and write whole files under one base path."""
 
     def __init__(self, sc: Any = None):
-        self.sc = sc if sc is not None else active_context()
+        sc = sc if sc is not None else active_context()
+        # a Spark Connect client has no JVM (so no Hadoop API) in its process: local paths only
+        self.sc = None if type(sc).__name__ == "ConnectContext" else sc
 
     # -- local fallback -----------------------------------------------------------------
     @staticmethod
@@ -37,7 +39,8 @@ class FileSystem:
         if path.startswith("file:"):
             return path[len("file:") :]
         if "://" in path:
-            raise ConfigError(f"{path!r}: a path with a scheme needs an active SparkContext (Spark's Hadoop filesystem API)")
+            raise ConfigError(f"{path!r}: a path with a scheme needs an active SparkContext (Spark's Hadoop filesystem API; a "
+                              "Spark Connect client has none: give a path on this machine)")
         return path
 
     # -- Hadoop ---------------------------------------------------------------------------

@@ -248,10 +248,25 @@ class KerasModel(_KerasStage, Model):
         self.fitStats = metadata.get("fitStats")
 
 
+def _classic_only(io: Any, what: str) -> None:
+    """Spark ML's metadata writer and reader need a SparkContext, which a Spark Connect client has not."""
+    from .data.sessions import is_connect_session
+
+    if is_connect_session(io.sparkSession):
+        raise ConfigError(
+            f"KerasEstimator/KerasModel {what} needs a classic SparkSession (Spark ML's metadata files go through the "
+            "SparkContext); on a Spark Connect session save the trained model with SparkModel.save (docs/connect.md)"
+        )
+
+
 class _KerasWriter(MLWriter):
     def __init__(self, instance: _KerasStage):
         super().__init__()
         self.instance = instance
+
+    def save(self, path: str) -> None:
+        _classic_only(self, "save")  # before Spark ML's own overwrite handling, which needs the JVM too
+        super().save(path)
 
     def saveImpl(self, path: str) -> None:
         inst = self.instance
@@ -269,6 +284,7 @@ class _KerasReader(MLReader):
         self.cls = cls
 
     def load(self, path: str) -> _KerasStage:
+        _classic_only(self, "load")
         metadata = DefaultParamsReader.loadMetadata(path, self.sc)
         inst = self.cls()
         if metadata.get("hasKerasModel"):

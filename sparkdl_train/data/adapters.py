@@ -20,8 +20,7 @@ import logging
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -32,6 +31,7 @@ from .batching import Batch, num_rows, rows_to_chunks, take_rows, tree_concat
 from .parquet import ParquetFiles, Piece, direct_source
 from .prefetch import ordered_map
 from .sampling import read_first_rows
+from .sessions import LocalRef, is_connect_session, session_context
 from .spec import STRING, ColumnMapping
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,10 @@ class DataAdapter(ABC):
         """Up to ``n`` rows on the driver, converted exactly as tasks see them."""
 
     @abstractmethod
-    def share(self, value: Any) -> Any:
-        """Make ``value`` available to tasks as ``ref.value`` (a broadcast on Spark)."""
+    def share(self, value: Any, beside: Sequence[Any] = ()) -> Any:
+        """Make ``value`` available to tasks as ``ref.value`` (a broadcast on Spark). ``beside``:
+        refs shared before it that the same stages carry too (what a Spark Connect stage's plan
+        must hold at once)."""
 
     @abstractmethod
     def map_reduce(self, task: PartitionTask, description: str) -> Partial:
@@ -119,6 +121,10 @@ class DataAdapter(ABC):
         stages are RDD stages or run in process. Spark runs the two kinds of stage in separate
         Python worker pools: the preflight warms the one this returns."""
         return None
+
+    def parallel_tasks(self) -> int:
+        """How many tasks a stage over the data runs (what a task's thread count is sized by)."""
+        return self.num_partitions()
 
     # how tasks read the rows (FitStats.data_source)
     source = "arrays"
@@ -233,7 +239,7 @@ class RDDAdapter(DataAdapter):
         except ValueError as exc:
             raise DataError(str(exc)) from None
 
-    def share(self, value: Any) -> Any:
+    def share(self, value: Any, beside: Sequence[Any] = ()) -> Any:
         return self.rdd.context.broadcast(value)
 
     def map_reduce(self, task: PartitionTask, description: str) -> Partial:
@@ -389,7 +395,12 @@ class DataFrameAdapter(DataAdapter):
 
     @property
     def _sc(self) -> Any:
-        return self.df.sparkSession.sparkContext
+        """The SparkContext, or on a Spark Connect session its stand-in (:mod:`sparkdl_train.driver.connect`)."""
+        return session_context(self.df.sparkSession)
+
+    @property
+    def _connect(self) -> bool:
+        return is_connect_session(self.df.sparkSession)
 
     def spark_context(self) -> Any:
         return self._sc
@@ -402,12 +413,26 @@ class DataFrameAdapter(DataAdapter):
         if parts is not None:
             return len(parts)
         if self._partitions is None:  # adapters are immutable; df.rdd is not free, ask once
-            self._partitions = self.df.rdd.getNumPartitions()
+            if self._connect:  # no plan to ask on Connect: count the partitions' ids (a query, no Python)
+                from pyspark.sql import functions as F
+
+                row = self.df.select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("p")).collect()[0]
+                self._partitions = 1 if row["p"] is None else int(row["p"]) + 1
+            else:
+                self._partitions = self.df.rdd.getNumPartitions()
         return self._partitions
+
+    def parallel_tasks(self) -> int:
+        if self._partitions is None and self.files is None and self._connect:
+            return int(self._sc.defaultParallelism)  # not worth a query of its own
+        return self.num_partitions()
 
     def with_partitions(self, n: int, shuffle: bool = False) -> "DataFrameAdapter":
         if self.files is not None:  # balanced ranges of rows, no shuffle needed
             return DataFrameAdapter(self.df, self.mapping, files=self.files, parts=self.files.split(n))
+        if self._partitions is None and self._connect:
+            # on Connect the count is a query over the data; a fit's repartition makes it known
+            return self._like(self.df.repartition(n), partitions=n)
         current = self.num_partitions()
         if current == n:
             return self
@@ -446,8 +471,11 @@ class DataFrameAdapter(DataAdapter):
             raise DataError("the DataFrame is empty")
         return table.combine_chunks().to_batches()[0]
 
-    def share(self, value: Any) -> Any:
-        return self._sc.broadcast(value)
+    def share(self, value: Any, beside: Sequence[Any] = ()) -> Any:
+        sc = self._sc
+        if self._connect:  # in the stage's plan: within Connect's message limit
+            sc.check_size(_shared_what(value), _shared_bytes(value), sum(_shared_bytes(getattr(b, "value", b)) for b in beside))
+        return sc.broadcast(value)
 
     def map_reduce(self, task: PartitionTask, description: str) -> Partial:
         import pyarrow as pa
@@ -464,7 +492,7 @@ class DataFrameAdapter(DataAdapter):
 
         out = stage.mapInArrow(run, "partial binary")
         with _spark_job(self._sc, description):
-            if self.num_partitions() <= DRIVER_MERGE_PARTITIONS:
+            if self._connect or self.num_partitions() <= DRIVER_MERGE_PARTITIONS:  # Connect: no RDD to tree-reduce
                 # straight through the JVM to the driver: the stage runs no RDD Python worker
                 # beside the Arrow one, so a task always lands in a worker that ran this fit's
                 # tasks before (its model cached), also when RDD and Arrow tasks share a daemon
@@ -557,19 +585,21 @@ class DataFrameAdapter(DataAdapter):
 _UNDECIDED = object()
 
 
+def _shared_bytes(value: Any) -> int:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(value)
+    return sum(len(v) for v in vars(value).values() if isinstance(v, (bytes, bytearray))) if hasattr(value, "__dict__") else 0
+
+
+def _shared_what(value: Any) -> str:
+    return "the model's archive" if hasattr(value, "archive") else "the model's state (weights and optimizer)"
+
+
 def _as_given(batches: Iterator, pid: int) -> Iterator:
     return batches
 
 
 # -- in-process arrays (driver-held validation data; fake backend for tests) --------------
-
-@dataclass
-class LocalRef:
-    value: Any
-
-    def unpersist(self) -> None:
-        self.value = None
-
 
 class ArrayAdapter(DataAdapter):
     """Arrays split into ``partitions`` contiguous slices, run in this process."""
@@ -600,7 +630,7 @@ class ArrayAdapter(DataAdapter):
             raise DataError("the arrays are empty")
         return take_rows(self.data, slice(0, n))
 
-    def share(self, value: Any) -> LocalRef:
+    def share(self, value: Any, beside: Sequence[Any] = ()) -> LocalRef:
         return LocalRef(value)
 
     def _bounds(self) -> list[tuple[int, int]]:

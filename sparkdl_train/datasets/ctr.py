@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..data.sessions import session_context
+
 N_DENSE = 13
 N_CAT = 26
 DENSE_COLS = [f"I{i}" for i in range(1, N_DENSE + 1)]
@@ -152,7 +154,7 @@ def generate(spark: Any, spec: CTRSpec, partitions: int | None = None) -> Any:
 
     planted = PlantedModel.make(spec)
     blocks = -(-spec.rows // BLOCK_ROWS)
-    parts = partitions or max(1, min(blocks, spark.sparkContext.defaultParallelism * 2))
+    parts = partitions or max(1, min(blocks, session_context(spark).defaultParallelism * 2))  # Connect too
 
     def gen(batches):
         for rb in batches:

@@ -8,8 +8,23 @@ group and tags (a fit's cancel reaches them), plus a job tag of the call's own, 
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any, Callable
+
+
+def spark_thread(sc: Any, target: Callable[..., Any], name: str, args: tuple = ()) -> threading.Thread:
+    """A daemon thread whose Spark jobs carry the calling thread's job group and tags: Spark's
+    ``InheritableThread`` for a SparkContext, :meth:`ConnectContext.thread` for a Spark Connect
+    session (whose tags are per thread), a plain thread without either."""
+    if sc is None:
+        return threading.Thread(target=target, args=args, name=name, daemon=True)
+    make = getattr(sc, "thread", None)
+    if make is not None:
+        return make(target, args=args, name=name)
+    from pyspark import InheritableThread
+
+    return InheritableThread(target, args=args, name=name, daemon=True)
 
 
 class SparkCall:
@@ -25,9 +40,7 @@ class SparkCall:
         if sc is None:
             self._run(fn, None)
             return
-        from pyspark import InheritableThread
-
-        self._thread = InheritableThread(self._run, args=(fn, description), name=name, daemon=True)
+        self._thread = spark_thread(sc, self._run, name, args=(fn, description))
         self._thread.start()
 
     def _run(self, fn: Callable[[], Any], description: str | None) -> None:

@@ -63,10 +63,12 @@ def _lookup(store: Any, stage: int, ids: set[int]) -> dict[int, str]:
 
 
 def locate(sc: Any, partitions: dict[int, dict[str, Any]]) -> None:
-    """Add ``executor_id`` to every partition's statistics that carries a Spark task id."""
+    """Add ``executor_id`` to every partition's statistics that carries a Spark task id: the status
+    store's, else the one the task found itself (``executor``: a Spark Connect client has no status
+    store; a task not yet recorded)."""
     if sc is None:
         return
     found = executor_ids(sc, ((info.get("stage"), info.get("task")) for info in partitions.values()))
     for info in partitions.values():
         if info.get("task") is not None:
-            info["executor_id"] = found.get(int(info["task"]))
+            info["executor_id"] = found.get(int(info["task"])) or info.get("executor")

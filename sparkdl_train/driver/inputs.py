@@ -7,10 +7,12 @@ from typing import Any
 import numpy as np
 
 from ..data.adapters import ArrayAdapter, DataAdapter, DataFrameAdapter, RDDAdapter, is_dataframe, is_rdd
+from ..data.rdd import CONNECT_DATAFRAME
 from ..data.spec import resolve_columns
 from ..data.transform import BatchTransform
 from ..errors import DataError
 from ..model_io import input_infos
+from .connect import active_connect_session
 
 
 def make_adapter(
@@ -30,8 +32,6 @@ def make_adapter(
     if isinstance(data, DataAdapter):
         return data
     if is_dataframe(data):
-        if not hasattr(data, "_jdf"):  # a classic DataFrame wraps a JVM one (not `data.rdd`: that converts)
-            raise DataError(f"{what}: Spark Connect DataFrames are not supported; use a classic SparkSession")
         mapping = resolve_columns(input_infos(model), feature_cols, label_col, sample_weight_col, with_labels=labelled)
         if transform is not None:
             mapping = mapping.with_transform(transform, data.columns)
@@ -44,6 +44,8 @@ def make_adapter(
         return arrays
     if isinstance(data, (np.ndarray, list, dict)) and not labelled:
         return ArrayAdapter(data, chunk_rows=chunk_rows)
+    if active_connect_session() is not None:
+        raise DataError(f"{what}: {CONNECT_DATAFRAME}; got {type(data).__module__}.{type(data).__name__}")
     if labelled:
         expected = "a DataFrame, an RDD of (x, y) rows or a tuple (x, y[, sample_weight]) of arrays"
     else:

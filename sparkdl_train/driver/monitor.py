@@ -28,6 +28,7 @@ from typing import Any, Callable, TypeVar
 from ..errors import FitCancelled
 from ..net import new_identity, new_secret
 from ..worker.report import ReportSettings
+from .background import spark_thread
 from .progress import FitProgress
 from .reports import EpochTally, ReportServer
 
@@ -172,11 +173,7 @@ class FitMonitor:
             raise FitCancelled(f"sparkdl_train fit: cancelled (SparkModel.cancel) at epoch {epoch + 1}")
 
     def _thread(self, target: Callable[[], None]) -> threading.Thread:
-        if self.sc is not None:
-            from pyspark import InheritableThread  # copies job group, tags and pool to the helper thread
-
-            return InheritableThread(target, name=f"sparkdl_train-fit-{self.fit_id}", daemon=True)
-        return threading.Thread(target=target, name=f"sparkdl_train-fit-{self.fit_id}", daemon=True)
+        return spark_thread(self.sc, target, f"sparkdl_train-fit-{self.fit_id}")  # the job group, tags and pool go with it
 
     def _dispatch(self, tally: EpochTally, timeout: float, finished: threading.Event | None = None) -> None:
         """Hand queued reports to the bar and the callbacks, waiting up to ``timeout`` for one

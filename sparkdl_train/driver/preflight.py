@@ -22,12 +22,14 @@ as soon as a session exists.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import threading
 from typing import Any
 
 from ..errors import ConfigError
+from ..worker.identity import find_executor_id
 from .background import SparkCall
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ def probe(index, _rows):
         "partition": index, "host": socket.gethostname(), "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
         "python": sys.executable, "python_version": "%d.%d.%d" % tuple(sys.version_info[:3]),
         "stage": ctx.stageId() if ctx else None, "task": ctx.taskAttemptId() if ctx else None,
+        "executor": find_executor_id(),
         "modules": {},
     }
     for name in MODULES:
@@ -94,7 +97,8 @@ _lock = threading.Lock()
 
 def _probe_function(name: str = "probe", keras_backend: str = "tensorflow") -> Any:
     namespace: dict[str, Any] = {"__name__": "sparkdl_train_executor_probe", "MODULES": modules_for(keras_backend), "ALSO": ALSO}
-    exec(compile(_PROBE_SOURCE, "<sparkdl_train executor probe>", "exec"), namespace)  # noqa: S102 - our own source
+    source = _PROBE_SOURCE + "\n\n" + inspect.getsource(find_executor_id)  # by value, as the probe itself
+    exec(compile(source, "<sparkdl_train executor probe>", "exec"), namespace)  # noqa: S102 - our own source
     return namespace[name]
 
 
@@ -182,7 +186,7 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
     reports = [json.loads(r) for r in rows]
     found = executor_ids(sc, ((r.get("stage"), r.get("task")) for r in reports))
     for r in reports:
-        r["executor_id"] = found.get(r["task"]) if r.get("task") is not None else None
+        r["executor_id"] = (found.get(r["task"]) if r.get("task") is not None else None) or r.get("executor")
     driver = driver_versions()
     bad = [(r, p) for r in reports for p in [problems(driver, r)] if p]
     if bad:

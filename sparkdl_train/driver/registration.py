@@ -119,9 +119,12 @@ def wait_for_executors(sc: Any, timeout: float, slots_needed: int | None = None,
     """Block until ``sc``'s application has the executors it asked for, or ``slots_needed`` task
     slots, or ``timeout`` seconds have passed (then warn, naming the shortfall, and return).
     None where nothing is expected (local masters, no count in the conf)."""
+    from .connect import is_connect
     from .spark_conf import conf_values
 
-    if not on_cluster(sc):
+    if not on_cluster(sc) or is_connect(sc):
+        # a Spark Connect client sees no executor list: the server's own scheduler waits for them
+        # (spark.scheduler.minRegisteredResourcesRatio, docs/connect.md)
         return None
     conf = conf_values(sc, _KEYS)
     expected = expected_executors(sc.master, conf)

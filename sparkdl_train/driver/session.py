@@ -30,7 +30,9 @@ class SharedRefs:
         return self._payload_refs[kind]
 
     def state_ref(self, adapter: DataAdapter, model: Any, include_optimizer: bool) -> Any:
-        return adapter.share(encode_state(model, include_optimizer))
+        """The model's state (weights, optionally the optimizer's), shared for the stages that also
+        carry this call's payload."""
+        return adapter.share(encode_state(model, include_optimizer), beside=[self.payload])
 
     def release(self) -> None:
         for adapter, ref in self._owned:

@@ -24,6 +24,7 @@ from ..worker.tasks import PredictTask, StepSettings
 from . import warm_up
 from .backend_env import executor_backend
 from .background import SparkCall
+from .connect import active_connect_session, check_reachable, context_of, is_connect, unreachable_error
 from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs, use_tls
 from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
@@ -100,11 +101,9 @@ class SparkModel:
     @property
     def config(self) -> EngineConfig:
         """The settings a fit started now would run with: this SparkModel's arguments over the
-        active SparkContext's ``spark.sparkdl_train.*`` keys over the defaults
+        active SparkContext's (or Spark Connect session's) ``spark.sparkdl_train.*`` keys over the defaults
         (``sm.config.describe()`` lists each with its source)."""
-        from pyspark import SparkContext
-
-        return _resolve(SparkContext._active_spark_context, self._overrides)
+        return _resolve(_active_context(), self._overrides)
 
     @property
     def model(self) -> Any:
@@ -275,8 +274,12 @@ class SparkModel:
                                               verbose=fit_cfg.verbose, epochs=fit_cfg.epochs, steps=None)
             progress = FitProgress(fit_cfg.epochs, fit_cfg.verbose, launch.workers, log_interval=config.core.log_interval)
             self.stats.tls = launch.tls
+            live = fit_cfg.verbose == 1 or bool(callbacks)
+            if is_connect(sc) and (engine_cls.serves_workers or live):  # executors must connect back to this client
+                with phases("connect_probe"):
+                    live = _connect_reach(sc, config, engine_cls, live)
             monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
-                                 live=fit_cfg.verbose == 1 or bool(callbacks), tls=launch.tls)
+                                 live=live, tls=launch.tls)
             self._monitor = monitor
             loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer)
         except BaseException:  # before the epochs' own cleanup takes over: no job, no broadcast left
@@ -411,7 +414,7 @@ class SparkModel:
             sample = self._check_sample(adapter, "data")
         if check is not None:
             check.result()
-        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf),
+        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.parallel_tasks(), conf),
                                 nan_policy=conf.data.nan_policy, labels=row_signature(sample[1]),
                                 group=conf.core.steps_per_execution)
         refs = SharedRefs(payload)
@@ -457,7 +460,7 @@ class SparkModel:
         if check is not None:
             check.result()
         columns = output_columns(sample_out, prediction_col)
-        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.num_partitions(), conf))
+        settings = StepSettings(batch_size=batch_size, threads=self._threads(adapter, adapter.parallel_tasks(), conf))
         refs = SharedRefs(payload)
         task = PredictTask(refs.payload_ref(adapter), refs.state_ref(adapter, self._model, False), settings)
         return adapter.predict(task.model, task.predict, columns)
@@ -638,6 +641,35 @@ def _preflight_first(check: PendingCheck | None) -> Iterator[None]:
         if check is not None:
             check.result()  # raises the environment's ConfigError if that is what went wrong
         raise
+
+
+def _connect_reach(sc: Any, config: EngineConfig, engine_cls: type, live: bool) -> bool:
+    """On a Spark Connect session the driver's servers run in this client: before the first stage,
+    whether executors can connect to it. An engine whose tasks must (the parameter server) fails
+    now, naming the address and the modes that need no connection back; live progress and batch
+    callbacks are dropped (with a warning: the bar moves per epoch). Returns whether to serve live
+    reports."""
+    host = driver_host(config, sc)
+    why = check_reachable(sc, host, timeout=min(config.core.connect_timeout, 5.0))
+    if why is None:
+        return live
+    if engine_cls.serves_workers:
+        raise unreachable_error(config.mode, host, why)
+    log.warning("fit: %s; live progress and batch callbacks need that connection, so this fit reports once per epoch "
+                "(spark.sparkdl_train.ps.host sets the address executors connect to)", why)
+    return False
+
+
+def _active_context() -> Any:
+    """The active SparkContext, or the active Spark Connect session's stand-in; ``None``: neither."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        session = active_connect_session()
+        if session is not None:
+            return context_of(session)
+    return sc
 
 
 def _resolve(sc: Any, overrides: dict[str, Any]) -> EngineConfig:

@@ -19,8 +19,10 @@ import threading
 from typing import Any
 
 from ..config import EngineConfig
+from ..data.sessions import session_context
 from ..errors import ConfigError
 from .background import SparkCall
+from .connect import is_connect
 from .preflight import PendingCheck, start_check
 from .python_workers import share_python_workers
 from .spark_conf import settings_conf
@@ -59,10 +61,12 @@ def warm_up(spark: Any = None, kind: str = "dataframe") -> PendingCheck:
         spark = SparkSession.getActiveSession()
         if spark is None:
             raise ConfigError("warm_up() needs a SparkSession: none is active; pass one")
-    sc = spark.sparkContext
+    sc = session_context(spark)
+    if kind == "rdd" and is_connect(sc):
+        raise ConfigError("warm_up(kind='rdd'): a Spark Connect session has no RDDs; fits on it read DataFrames (kind='dataframe')")
     config = EngineConfig.resolve(settings_conf(sc))
     check = start(sc, config, spark if kind == "dataframe" else None)
-    if kind == "dataframe" and sc.master.startswith("local"):
+    if kind == "dataframe" and sc.master.startswith("local") and not is_connect(sc):  # the server's disk is not ours
         _warm_parquet(spark)
     _freeze_driver_objects()
     return check

@@ -82,13 +82,16 @@ def peak_rss_mb() -> float:
 def task_identity() -> dict[str, Any]:
     """Which Spark task this is: its attempt number (> 0: Spark retried the partition), its stage
     and its application-wide task id, by which the driver finds the executor that ran it
-    (:mod:`sparkdl_train.driver.executors`). Empty values outside Spark."""
+    (:mod:`sparkdl_train.driver.executors`), and the executor's id as the task found it
+    (:mod:`.identity`: where the driver cannot ask Spark). Empty values outside Spark."""
     from pyspark import TaskContext
+
+    from .identity import executor_id
 
     ctx = TaskContext.get()
     if ctx is None:
         return {"attempt": 0, "stage": None, "task": None}
-    return {"attempt": ctx.attemptNumber(), "stage": ctx.stageId(), "task": ctx.taskAttemptId()}
+    return {"attempt": ctx.attemptNumber(), "stage": ctx.stageId(), "task": ctx.taskAttemptId(), "executor": executor_id()}
 
 
 def _info(samples: int, steps: int, start: float) -> dict[str, Any]:

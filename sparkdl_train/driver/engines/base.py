@@ -46,6 +46,7 @@ from ...merge import Partial
 from ...model_io import metrics_result, set_metric_state
 from ...net import tls
 from ...worker.tasks import EvaluateTask, StepSettings
+from ..connect import client_address, is_connect
 from ..executors import locate
 from ..monitor import FitMonitor
 from ..phases import Phases
@@ -91,6 +92,9 @@ class Engine:
     # the compiled step its workers run, which a prepare task traces before the first epoch
     # (sparkdl_train.driver.prepare): "train" (Keras' train_step) or "fused" (allreduce)
     step = "train"
+    # whether its tasks connect to a server of its own in the driver's process (a Spark Connect
+    # client checks first that executors can reach it: sparkdl_train.driver.connect)
+    serves_workers = False
 
     def __init__(self, config: EngineConfig, model: Any, sc: Any, launch: Launch):
         self.config = config
@@ -135,7 +139,10 @@ def use_tls(config: EngineConfig, sc: Any) -> bool:
 
 
 def driver_host(config: EngineConfig, sc: Any) -> str:
-    """The address driver-side servers bind and executors connect to."""
+    """The address driver-side servers bind and executors connect to (on a Spark Connect session,
+    this client's address on its route to the server: the driver's servers run here)."""
+    if config.core.host is None and is_connect(sc):
+        return client_address(sc.session)
     return config.core.host or (conf_values(sc, ["spark.driver.host"]).get("spark.driver.host") if sc is not None else None) \
         or socket.gethostname()
 

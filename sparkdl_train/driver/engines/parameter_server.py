@@ -33,6 +33,7 @@ class ParameterServerEngine(Engine):
     """A driver-hosted parameter server for the duration of one fit."""
 
     name = "parameter_server"
+    serves_workers = True
 
     @classmethod
     def plan(cls, config: EngineConfig, sc: Any, train: DataAdapter) -> Launch:
