@@ -409,6 +409,12 @@ class AllreduceConfig(_Group):
     lr_scaling: str = setting(
         "allreduce.lrScaling", "none", Choice(LR_SCALINGS, "lr_scaling"),
         "'linear' multiplies a constant learning rate by the number of ranks on the executors ('sqrt': by its square root).")
+    rendezvous: str = setting(
+        "allreduce.rendezvous", "driver", Choice(("driver", "spark"), "rendezvous"),
+        "How the ranks of an epoch's barrier stage exchange their addresses: 'driver' through a rendezvous server in "
+        "the driver (milliseconds; executors must reach the driver's address, as for live progress), 'spark' through "
+        "BarrierTaskContext.allGather (about 1 s per epoch: Spark polls it once a second). A Spark Connect client that "
+        "executors cannot reach uses 'spark'.", argument=False)
 
 
 GROUPS: dict[str, type[_Group]] = {g.GROUP: g for g in (CoreConfig, DataConfig, ParameterServerConfig, AllreduceConfig)}

@@ -150,3 +150,30 @@ def test_slow_rank_fails_the_others_within_the_timeout(sc, digits):
     text = str(info.value) + "".join(info.value.failures.values())
     assert "timed out after 4 s" in text and "rank 1" in text, text[-2000:]
     assert elapsed < 24, elapsed  # well before the slow rank would have answered
+
+
+def test_ranks_meet_through_the_driver_in_milliseconds_with_the_same_result(spark, sc, digits):
+    """The default rendezvous (the driver's server) against Spark's allGather, whose executor polls
+    its answer once a second: the same weights bit for bit, every epoch's round served by the
+    driver, and each rank's rendezvous far under Spark's second (bench/rendezvous.py: 1.0 s -> 9 ms)."""
+    from helpers import spark_conf
+
+    x, y, _, _ = digits
+    df = spark.createDataFrame(pd.DataFrame({"features": list(x[:600].astype("float64")), "label": y[:600].astype("float64")}))
+    df = df.repartition(2).cache()
+    fits = {}
+    for how in ("driver", "spark"):
+        with spark_conf(sc, "spark.sparkdl_train.allreduce.rendezvous", how):
+            model = make_mlp()
+            sm = SparkModel(model, mode="allreduce", num_workers=2, seed=3)
+            sm.fit(df, epochs=3, batch_size=32, verbose=0)
+        meets = [p["startup"]["rendezvous"] for e in sm.stats.epochs for p in e.partitions.values()]
+        fits[how] = (model.get_weights(), sm.stats.server, meets)
+    weights, server, meets = fits["driver"]
+    assert server["driver_rendezvous_rounds"] == 3, server  # one round per epoch, all through the driver
+    assert "driver_rendezvous_rounds" not in fits["spark"][1]
+    for a, b in zip(weights, fits["spark"][0]):
+        np.testing.assert_array_equal(a, b)
+    # Spark's allGather: about a second for a rank that waits for its peer; the driver's: milliseconds
+    assert max(meets) < 0.5 and max(fits["spark"][2]) > 0.5, (meets, fits["spark"][2])
+    df.unpersist()

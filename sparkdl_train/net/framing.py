@@ -44,6 +44,8 @@ class Msg(enum.IntEnum):
     ACK = 9
     ERROR = 10
     REPORT = 11
+    JOIN = 12
+    PEERS = 13
 
 
 class ProtocolError(ConnectionError):

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import _compat
 from ..allreduce import ring
-from ..allreduce.barrier import BarrierGroup, SingleGroup
+from ..allreduce.barrier import BarrierGroup, DriverGroup, RendezvousSettings, SingleGroup
 from ..allreduce.transport import Group, PeerAborted, rendezvous
 from ..data.batching import Batch, num_rows
 from ..errors import SparkDLError
@@ -55,6 +55,7 @@ class RingSettings:
     lr_scaling: str = "none"
     host: str | None = None  # None: the executor address Spark reports for this task
     tls: TlsIdentity | None = None  # the fit's ring identity (key included: every rank accepts one peer)
+    rendezvous: RendezvousSettings | None = None  # the driver's rendezvous server; None: Spark's allGather
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,10 @@ class AllreduceTrainTask:
         ``allGather``, bounded by the ring's timeout)."""
         if barrier is None:
             return SingleGroup(), "127.0.0.1"
-        group = BarrierGroup(barrier, self.ring.timeout)
+        if self.ring.rendezvous is not None:
+            group = DriverGroup(barrier, self.ring.timeout, self.ring.rendezvous, self.ring.connect_timeout)
+        else:
+            group = BarrierGroup(barrier, self.ring.timeout)
         return group, group.address()
 
     def _train(self, run: PartitionPass, chunks: Iterable[Batch], link: Any, rank: int, size: int) -> Partial:

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from ... import _compat
+from ...allreduce.barrier import RendezvousSettings
 from ...config import EngineConfig
 from ...data.adapters import DataAdapter
 from ...errors import ConfigError, ConsistencyError, WorkerError
@@ -19,8 +20,10 @@ from ...failures import Cause, FailurePolicy
 from ...model_io import metrics_result, set_metric_state, set_state
 from ...net import new_identity, new_secret
 from ...worker.allreduce_task import AllreduceTrainTask, RingSettings
+from ..connect import check_reachable, is_connect
+from ..rendezvous import RendezvousServer
 from ..stats import EpochStats
-from .base import Engine, EpochContext, Launch, run_epoch
+from .base import Engine, EpochContext, Launch, driver_host, run_epoch
 from .slots import barrier_slots, check_barrier_launch
 
 log = logging.getLogger(__name__)
@@ -65,25 +68,51 @@ class AllreduceEngine(Engine):
         # every rank accepts its previous rank: they share one identity, key included
         self.tls = new_identity("sparkdl_train ring") if launch.tls else None
         self.totals = {"steps": 0, "bytes_sent": 0, "bytes_received": 0, "comm_seconds": 0.0, "epoch_retries": 0}
+        # the ranks' rendezvous through the driver (milliseconds) instead of Spark's allGather (about 1 s
+        # an epoch): on a cluster whose executors reach the driver's servers (sparkdl_train.driver.rendezvous)
+        self.host = driver_host(config, sc) if sc is not None else None
+        use = sc is not None and config.allreduce.rendezvous == "driver" and launch.workers > 1
+        if use and is_connect(sc) and check_reachable(sc, self.host, timeout=min(config.core.connect_timeout, 5.0)) is not None:
+            log.info("allreduce: executors cannot reach this Spark Connect client; ranks meet through Spark's allGather")
+            use = False
+        self.rendezvous = RendezvousServer(self.host, self.secret, config.allreduce.timeout,
+                                           tls=new_identity("sparkdl_train rendezvous") if launch.tls else None) if use else None
+
+    def __enter__(self) -> "AllreduceEngine":
+        if self.rendezvous is not None:
+            self.rendezvous.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.rendezvous is not None:
+            self.totals["driver_rendezvous_rounds"] = self.rendezvous.completed
+            self.rendezvous.stop()
 
     def stats(self) -> dict[str, Any]:
         c = self.config
         return {"engine": "allreduce", "ranks": self.workers, "compression": c.allreduce.compression or "none",
                 "lr_scaling": c.allreduce.lr_scaling, **self.totals}
 
-    def train_epoch(self, ctx: EpochContext) -> tuple[dict[str, Any], EpochStats]:
-        model, train, settings, epoch = ctx.model, ctx.train, ctx.settings, ctx.epoch
+    def _ring_settings(self, round_: str) -> RingSettings:
         c = self.config
-        rs = RingSettings(
+        return RingSettings(
             self.secret, timeout=c.allreduce.timeout, connect_timeout=c.core.connect_timeout,
             compression=None if c.allreduce.compression in (None, "none") else c.allreduce.compression, lr_scaling=c.allreduce.lr_scaling,
             tls=self.tls,
+            rendezvous=None if self.rendezvous is None else RendezvousSettings(
+                self.host, self.rendezvous.port, self.secret, round_,
+                tls=self.rendezvous.tls.for_clients() if self.rendezvous.tls is not None else None),
         )
+
+    def train_epoch(self, ctx: EpochContext) -> tuple[dict[str, Any], EpochStats]:
+        model, train, settings, epoch = ctx.model, ctx.train, ctx.settings, ctx.epoch
+        c = self.config
         # Spark never re-runs a failed barrier ResultStage, so the engine does: the driver's model
         # still holds the epoch's starting state (the last checkpoint), and a new stage starts
         # from it with a fresh rendezvous. Errors in the data or the model are not retried.
         policy = FailurePolicy(max_retries=c.allreduce.epoch_retries)
         for attempt in range(c.allreduce.epoch_retries + 1):
+            rs = self._ring_settings(f"epoch-{epoch}.{attempt}")  # a re-run epoch meets in a round of its own
             try:
                 partial, stats = run_epoch(
                     ctx, lambda p, s, r: AllreduceTrainTask(p, s, epoch, settings, rs, r),
