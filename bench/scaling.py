@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -219,6 +220,11 @@ def spark_constants() -> sm.SparkCosts:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from sparkdl_train import net
+    from sparkdl_train.allreduce.barrier import RendezvousSettings
+    from sparkdl_train.driver.rendezvous import RendezvousServer
+
+    secret = net.new_secret()
     spark = (SparkSession.builder.master("local[2]").appName("sparkdl_train scaling constants")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     sc = spark.sparkContext
@@ -226,11 +232,24 @@ def spark_constants() -> sm.SparkCosts:
         def job(n: int) -> None:
             sc.parallelize(range(n), n).mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
 
-        def barrier_job() -> None:
+        def barrier_job() -> None:  # the rendezvous through Spark (allreduce.rendezvous=spark)
             def gather(it):
                 from pyspark import BarrierTaskContext
 
                 yield len(BarrierTaskContext.get().allGather("x"))
+            sc.parallelize(range(2), 2).barrier().mapPartitions(gather).collect()
+
+        rounds = itertools.count()
+
+        def driver_barrier_job() -> None:  # the engine's default: the driver's rendezvous server
+            settings = RendezvousSettings("127.0.0.1", server.port, secret, f"bench-{next(rounds)}")
+
+            def gather(it):
+                from pyspark import BarrierTaskContext
+
+                from sparkdl_train.allreduce.barrier import DriverGroup
+
+                yield len(DriverGroup(BarrierTaskContext.get(), 60.0, settings).all_gather("x"))
             sc.parallelize(range(2), 2).barrier().mapPartitions(gather).collect()
 
         slots = sc.defaultParallelism
@@ -240,7 +259,11 @@ def spark_constants() -> sm.SparkCosts:
         j2 = _median_seconds(lambda: spark.range(0, slots, 1, slots).count())
         j200 = _median_seconds(lambda: spark.range(0, 200 * slots, 1, 200 * slots).count())
         task = max(0.0, (j200 - j2) / (199 * slots))
-        rendezvous = max(0.0, _median_seconds(barrier_job) - t2)
+        spark_rendezvous = max(0.0, _median_seconds(barrier_job) - t2)
+        with RendezvousServer("127.0.0.1", secret, 60.0) as server:
+            rendezvous = max(0.0, _median_seconds(driver_barrier_job) - t2)
+        print(f"  rendezvous: the driver's server {rendezvous * 1e3:.0f} ms, Spark's allGather {spark_rendezvous * 1e3:.0f} ms "
+              "(per barrier stage beyond a plain one)", flush=True)
     finally:
         spark.stop()
     a, b = np.ones(25_000_000, np.float32), np.ones(25_000_000, np.float32)
