@@ -12,7 +12,7 @@ measured here, in the same run, over the very sockets the ring uses, with raw
   does not, so this is the bound the target applies to: ``ratio = T / T*``.
 * ``B_pair``: one link alone (rank 0 -> 1, the others idle), for reference.
 
-Usage: ``python bench/allreduce.py [--sizes-mb 1 10 100] [--ranks 2 3] [--repeats 5] [--fp16]``
+Usage: ``python bench/allreduce.py [--sizes-mb 1 10 100] [--ranks 2 3] [--repeats 5] [--fp16 | --bf16]``
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _rank_main(rank, size, slots, barrier, sizes_mb, repeats, fp16, results, tls
             n = nbytes // 4
             buf = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
             work = buf.copy()
-            wire = np.float16 if fp16 else None
+            wire = {"fp16": np.float16, "bf16": ring.BF16}.get(fp16) if isinstance(fp16, str) else (np.float16 if fp16 else None)
             per_link = ring.bytes_per_rank(nbytes, size)
             raw_out, raw_in = np.ones(per_link, np.uint8), np.ones(per_link, np.uint8)
             times = {"ring": [], "pair": [], "allreduce": []}
@@ -153,12 +153,14 @@ def main():
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 3])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--fp16", action="store_true", help="fp16 on the wire (the bound still counts fp32 bytes)")
+    ap.add_argument("--bf16", action="store_true", help="bfloat16 on the wire (the bound still counts fp32 bytes)")
     args = ap.parse_args()
-    print(f"bench/allreduce.py  cpus={os.cpu_count()}  numpy={np.__version__}  fp16={args.fp16}  repeats={args.repeats} (median)")
+    wire = "bf16" if args.bf16 else "fp16" if args.fp16 else None
+    print(f"bench/allreduce.py  cpus={os.cpu_count()}  numpy={np.__version__}  wire={wire or 'fp32'}  repeats={args.repeats} (median)")
     print(f"{'N':>2} {'MB':>6} {'allreduce s':>12} {'B_ring GB/s':>12} {'B_pair GB/s':>12} {'T/T*(ring)':>11} {'T/T*(pair)':>11}")
     worst = 0.0
     for size in args.ranks:
-        for row in run(size, args.sizes_mb, args.repeats, args.fp16):
+        for row in run(size, args.sizes_mb, args.repeats, wire):
             worst = max(worst, row["ratio"])
             print(f"{row['ranks']:>2} {row['MB']:>6g} {row['allreduce_s']:>12.4f} {row['B_ring_GBps']:>12.2f} "
                   f"{row['B_pair_GBps']:>12.2f} {row['ratio']:>11.2f} {row['ratio_vs_pair']:>11.2f}")

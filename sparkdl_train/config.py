@@ -29,7 +29,7 @@ from .errors import ConfigError
 from .modes import modes
 
 FREQUENCIES = ("epoch", "batch")
-COMPRESSIONS = (None, "none", "fp16")
+COMPRESSIONS = (None, "none", "fp16", "bf16")
 LR_SCALINGS = ("none", "linear", "sqrt")
 NAN_POLICIES = ("fail", "skip", "ignore")
 CONF_PREFIX = "spark.sparkdl_train."
@@ -405,7 +405,8 @@ class AllreduceConfig(_Group):
         "epoch is re-run from its starting state, at most this many times; errors in the data or the model fail at once.")
     compression: str | None = setting(
         "allreduce.compression", None, Choice(COMPRESSIONS, "compression"),
-        "'fp16' sends gradients as float16 (half the bytes).", inert=(None, "none"))
+        "'fp16' sends gradients as float16, 'bf16' as bfloat16 (half the bytes either way; bfloat16 keeps float32's "
+        "range, so large gradients cannot overflow; sums are added in float32).", inert=(None, "none"))
     lr_scaling: str = setting(
         "allreduce.lrScaling", "none", Choice(LR_SCALINGS, "lr_scaling"),
         "'linear' multiplies a constant learning rate by the number of ranks on the executors ('sqrt': by its square root).")

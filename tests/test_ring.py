@@ -103,6 +103,52 @@ def test_fp16_wire_halves_the_bytes_and_keeps_ranks_identical():
     np.testing.assert_allclose(approx, exact, atol=0.02 * size, rtol=0.01)
 
 
+def test_bf16_bits_round_like_ml_dtypes():
+    """to_bf16 rounds to nearest even exactly as ml_dtypes' bfloat16 (what TensorFlow, JAX and the
+    accelerators use), keeps NaN, inf and signed zeros, and overflows to inf."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    u = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    finite = u.view(np.float32)[np.isfinite(u.view(np.float32))]
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 3.4e38, -3.4e38, 1e-45, 65504.0, 1e30,
+                        1.00390625, 1.01171875], np.float32)  # the last two: ties, to even
+    for a in (finite, special):
+        got = ring.to_bf16(a, np.empty(a.size, np.uint16))
+        want = a.astype(ml_dtypes.bfloat16).view(np.uint16)
+        both_nan = np.isnan(a)
+        assert np.array_equal(got[~both_nan], want[~both_nan])
+        back = ring.from_bf16(got, np.empty(a.size, np.float32))
+        assert np.isnan(back[both_nan]).all()
+        np.testing.assert_array_equal(back[~both_nan], want[~both_nan].view(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_bf16_wire_halves_the_bytes_keeps_ranks_identical_and_float32_range():
+    """bfloat16 on the wire, float32 sums: half the bytes of float32, every rank bitwise identical,
+    within bfloat16's 2^-8 relative step of the exact sum, and gradients past float16's 65504
+    stay finite (float16 turns them into inf)."""
+    size, n = 3, 4099
+    rng = np.random.default_rng(1)
+    data = [rng.standard_normal(n).astype(np.float32) for _ in range(size)]
+    data[0][:10] = 1e6  # a large gradient: 3e6 summed
+    results = {}
+    for wire in (None, np.float16, ring.BF16):
+        bufs = [d.copy() for d in data]
+        mem = MemoryRing(size)
+        links = [mem.link(r) for r in range(size)]
+        run_ranks(size, lambda r: ring.allreduce_sum(bufs[r], links[r], r, size, wire_dtype=wire))
+        assert all(np.array_equal(b, bufs[0]) for b in bufs)
+        results[str(wire)] = (bufs[0].copy(), sum(lk.bytes_sent for lk in links))
+    exact, fp32_bytes = results["None"]
+    approx, bf16_bytes = results[ring.BF16]
+    assert bf16_bytes * 2 == fp32_bytes
+    np.testing.assert_allclose(approx, exact, rtol=3 * 2**-8, atol=3 * 2**-8 * size)
+    assert np.isfinite(approx).all() and abs(approx[0] - exact[0]) <= exact[0] * 2**-7
+    assert np.isinf(results[str(np.float16)][0][:10]).all()  # float16 could not carry them
+    with pytest.raises(ValueError, match="float32 buffer"):
+        ring.allreduce_sum(np.ones(8, np.float64), MemoryRing(2).link(0), 0, 2, wire_dtype=ring.BF16)
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_broadcast_copies_root_bytes(size):
     payload = np.frombuffer(os.urandom(3 * 1024 + 5), np.uint8)

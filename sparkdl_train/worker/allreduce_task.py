@@ -111,7 +111,7 @@ class AllreduceTrainTask:
         s, r, model, partition = self.settings, self.ring, run.model, run.partition
         factor = {"none": 1.0, "linear": float(size), "sqrt": math.sqrt(size)}[r.lr_scaling]
         base_lr = _scale_lr(model, factor)
-        wire = np.float16 if r.compression == "fp16" else None
+        wire = {"fp16": np.float16, "bf16": ring.BF16}.get(r.compression)
 
         # Horovod semantics: every rank starts from rank 0's weights and optimizer state
         comm = 0.0
