@@ -196,14 +196,19 @@ def compute_seconds(kind: str, batch: int, reps: int = 20) -> tuple[float, float
     return median, cv, float(sum(np.prod(w.shape) * 4 for w in model.trainable_weights)), tables
 
 
-def ring_constants(repeats: int = 30) -> tuple[sm.Ring, float]:
-    """The ring's software costs, and the loopback bandwidth of one link (Gb/s) for validation."""
+def ring_constants(repeats: int = 100) -> tuple[sm.Ring, float]:
+    """The ring's software costs, and the loopback bandwidth of one link (Gb/s) for validation.
+
+    Two ranks (two processes, one core each here): an allreduce of 4 KB is the call's own cost and
+    two hops, each a framed exchange through the loopback (whose latency is inside it: an upper
+    bound of the software's share). Three ranks on two cores, which this once used ((t3 - t2) / 2:
+    149 us per hop), timed a process waiting for a core as much as the hop."""
     import allreduce as ring_bench
 
-    rows = {n: ring_bench.run(n, [0.004, 8.0], repeats, False) for n in (2, 3)}
-    t = {n: r[0]["allreduce_s"] for n, r in rows.items()}
-    hop = max(1e-6, (t[3] - t[2]) / 2.0)  # 3 ranks: 4 hops; 2 ranks: 2 hops
-    return sm.Ring(call_s=max(1e-6, t[2] - 2.0 * hop), hop_s=hop), rows[2][1]["B_pair_GBps"] * 8
+    tiny = ring_bench.run(2, [0.004, 0.0004], repeats, False)
+    t2 = min(r["allreduce_s"] for r in tiny)
+    bandwidth = ring_bench.run(2, [8.0], max(3, repeats // 20), False)[0]["B_pair_GBps"] * 8
+    return sm.Ring(call_s=1e-6, hop_s=max(1e-6, (t2 - 1e-6) / 2.0)), bandwidth
 
 
 def _median_seconds(fn, reps: int = 7) -> float:
