@@ -178,3 +178,26 @@ def test_ranks_meet_through_the_driver_in_milliseconds_with_the_same_result(spar
     # Spark's allGather: about a second for a rank that waits for its peer; the driver's: milliseconds
     assert max(meets) < 0.5 and max(fits["spark"][2]) > 0.5, (meets, fits["spark"][2])
     df.unpersist()
+
+
+def test_an_empty_partition_joins_with_zero_weight(sc, digits):
+    """Join semantics: a rank without a single row still takes part in every allreduce (zero
+    gradients, zero weight), applies the others' mean, and ends with their weights: no hang, and
+    the result equals one rank training alone on all the rows with the same seed."""
+    x, y, _, _ = digits
+    rows = list(zip(x[:320], y[:320]))
+    rdd = sc.parallelize([[], rows], 2).flatMap(lambda part: part)
+    model = make_mlp()
+    sm = SparkModel(model, mode="allreduce", num_workers=2, shuffle_buffer_size=1)
+    t0 = time.monotonic()
+    sm.fit(rdd, epochs=2, batch_size=32, verbose=0, shuffle=False)
+    assert time.monotonic() - t0 < 120
+    first = sm.stats.epochs[0].partitions
+    assert first[0]["samples"] == 0 and first[0]["batches"] == 0
+    assert first[0]["global_steps"] == first[1]["global_steps"] == 10
+    assert all(len(d) == 1 for d in digests(sm))
+    alone = make_mlp()
+    SparkModel(alone, mode="allreduce", num_workers=1, shuffle_buffer_size=1).fit(
+        sc.parallelize(rows, 1), epochs=2, batch_size=32, verbose=0, shuffle=False)
+    for a, b in zip(model.get_weights(), alone.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
