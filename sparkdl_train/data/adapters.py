@@ -126,6 +126,10 @@ class DataAdapter(ABC):
         """How many tasks a stage over the data runs (what a task's thread count is sized by)."""
         return self.num_partitions()
 
+    def known_partitions(self) -> int | None:
+        """The partition count if asking costs no job (``None`` otherwise: a Spark Connect DataFrame's)."""
+        return self.num_partitions()
+
     # how tasks read the rows (FitStats.data_source)
     source = "arrays"
 
@@ -423,8 +427,11 @@ class DataFrameAdapter(DataAdapter):
         return self._partitions
 
     def parallel_tasks(self) -> int:
+        return self.known_partitions() or int(self._sc.defaultParallelism)  # not worth a query of its own
+
+    def known_partitions(self) -> int | None:
         if self._partitions is None and self.files is None and self._connect:
-            return int(self._sc.defaultParallelism)  # not worth a query of its own
+            return None  # a query over the data on Connect
         return self.num_partitions()
 
     def with_partitions(self, n: int, shuffle: bool = False) -> "DataFrameAdapter":

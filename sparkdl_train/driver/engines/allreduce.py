@@ -56,9 +56,10 @@ class AllreduceEngine(Engine):
             return Launch(workers=config.num_workers or train.num_partitions(), barrier=True)
         workers = config.num_workers or barrier_slots(sc)
         check_barrier_launch(sc, workers, config.core.connect_timeout)
-        if train.num_partitions() != workers:
+        known = train.known_partitions()
+        if known is not None and known != workers:
             log.info("allreduce: repartitioning %d partitions into %d (one per rank; barrier stages cannot coalesce)",
-                     train.num_partitions(), workers)
+                     known, workers)
         return Launch(workers=workers, barrier=True)
 
     def __init__(self, config: EngineConfig, model: Any, sc: Any, launch: Launch):
