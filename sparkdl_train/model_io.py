@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from . import backend
 from .errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -315,7 +316,8 @@ def state_variables(model: Any) -> list:
 
 
 def get_state(model: Any) -> list[np.ndarray]:
-    return [np.asarray(v.numpy()) for v in state_variables(model)]
+    """Weights and optimizer variables on the host (one batched transfer where the backend has one)."""
+    return backend.current().read_values(state_variables(model))
 
 
 def set_state(model: Any, arrays: list[np.ndarray]) -> None:
@@ -325,7 +327,7 @@ def set_state(model: Any, arrays: list[np.ndarray]) -> None:
     for v, a in zip(variables, arrays):
         if tuple(v.shape) != tuple(a.shape):
             raise ModelError(f"state array for {v.path!r} has shape {a.shape}, expected {tuple(v.shape)}")
-        v.assign(a)
+    backend.current().assign_values(variables, arrays)
 
 
 def set_optimizer_state(model: Any, arrays: list[np.ndarray]) -> None:

@@ -29,6 +29,9 @@ A backend module provides:
     parameter-server pushes (:mod:`sparkdl_train.worker.sparse`); ``None`` where the eager path serves.
 ``scatter_rows(variable, ids, rows)``
     ``variable[ids] = rows``.
+``read_values(variables)``, ``assign_values(variables, arrays)``
+    Many variables to the host and back (a model's state between tasks and the driver): JAX moves
+    them in one batched transfer each way instead of one waited-for copy per variable.
 ``gpu_count()``, ``device_scope(device)``, ``device_name(ordinal)``, ``device_of(variable)``
     Placement on the task's GPU (:mod:`sparkdl_train.worker.gpu`).
 

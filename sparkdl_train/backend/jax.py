@@ -406,6 +406,26 @@ def scatter_rows(var: Any, ids: np.ndarray, rows: np.ndarray) -> None:
 # -- placement ------------------------------------------------------------------------------------
 
 
+def read_values(variables: list[Any]) -> list[np.ndarray]:
+    """Every variable on the host, writable: ``jax.device_get`` of the list starts all the copies
+    before waiting for any (``v.numpy()`` per variable waits for each in turn: 40 copies, 108 MB,
+    for the flagship model's state after an averaging task)."""
+    import jax
+
+    return [np.require(a, requirements="W") for a in jax.device_get([v.value for v in variables])]
+
+
+def assign_values(variables: list[Any], arrays: list[np.ndarray]) -> None:
+    """``v.assign(a)`` for each pair, the host-to-device copies started together and finished before
+    return (the caller may reuse its arrays: see :func:`_owned`)."""
+    import jax
+
+    host = [np.asarray(a, dtype=np.dtype(v.dtype)) for v, a in zip(variables, arrays)]
+    on_device = jax.block_until_ready(jax.device_put(host, may_alias=False))
+    for v, x in zip(variables, on_device):
+        _compat.assign_raw(v, x)
+
+
 def gpu_count() -> int:
     import jax
 

@@ -307,6 +307,15 @@ def scatter_rows(var: Any, ids: np.ndarray, rows: np.ndarray) -> None:
 # -- placement ------------------------------------------------------------------------------------
 
 
+def read_values(variables: list[Any]) -> list[np.ndarray]:
+    return [np.asarray(v.numpy()) for v in variables]
+
+
+def assign_values(variables: list[Any], arrays: list[np.ndarray]) -> None:
+    for v, a in zip(variables, arrays):
+        v.assign(a)
+
+
 def gpu_count() -> int:
     """GPUs TensorFlow sees (memory growth on for each, so idle ones cost no memory)."""
     import tensorflow as tf
