@@ -225,6 +225,26 @@ def cluster(spark, out):
     sm = SparkModel(model, mode="allreduce", num_workers=2)
     sm.fit(df, epochs=6, batch_size=32, verbose=0)
     out["allreduce"] = {"accuracy": accuracy(model, xt, yt), **where(sm)}
+    out["environment"] = executor_environment(spark)
+
+
+def executor_environment(spark):
+    """The Python and the sparkdl_train each executor's tasks ran (a mapInArrow stage on the server's cluster)."""
+    import pyarrow as pa
+
+    def probe(batches):
+        import sys as _sys
+
+        import sparkdl_train
+        from sparkdl_train.worker.identity import executor_id
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"executor": [str(executor_id())], "python": [_sys.executable],
+                                          "module": [sparkdl_train.__file__]})
+
+    rows = spark.range(0, 2, 1, 2).mapInArrow(probe, "executor string, python string, module string").collect()
+    return sorted({(r["executor"], r["python"], r["module"]) for r in rows})
 
 
 def main(url: str, what: str) -> None:

@@ -30,12 +30,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_client(url: str, what: str, timeout: float = 600) -> dict:
+    """``tests/connect_check.py URL WHAT`` in a process of its own; returns its RESULT JSON."""
+    import json
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, os.path.join(here, "connect_check.py"), url, what],
+                          capture_output=True, text=True, timeout=timeout, cwd=here)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 class ConnectServer:
     """``start()`` returns once the server's gRPC port accepts connections; ``url`` is ``sc://...``."""
 
-    def __init__(self, root: str, master: str = "local[2]", conf: dict[str, str] | None = None):
+    def __init__(self, root: str, master: str = "local[2]", conf: dict[str, str] | None = None, python: str | None = None):
         self.root = root
         self.master = master
+        # the executors' Python: a Connect server's planner takes it from its own PYSPARK_PYTHON
+        # environment variable, not from spark.pyspark.python (docs/connect.md)
+        self.python = python or sys.executable
         self.port = free_port()
         self.conf = {
             "spark.connect.grpc.binding.address": "127.0.0.1",
@@ -59,7 +74,7 @@ class ConnectServer:
         for k, v in self.conf.items():
             cmd += ["--conf", f"{k}={v}"]
         cmd.append("spark-internal")
-        env = dict(os.environ, SPARK_HOME=SPARK_HOME, PYSPARK_PYTHON=sys.executable)
+        env = dict(os.environ, SPARK_HOME=SPARK_HOME, PYSPARK_PYTHON=self.python)
         if TEST_JVM_OPTIONS not in env.get("JAVA_TOOL_OPTIONS", ""):
             env["JAVA_TOOL_OPTIONS"] = f"{env.get('JAVA_TOOL_OPTIONS', '')} {TEST_JVM_OPTIONS}".strip()
         with open(self.log, "wb") as log:

@@ -13,23 +13,13 @@ import sys
 import threading
 
 import pytest
-from helpers import HERE
+from connect_server import run_client
 
 from sparkdl_train.data.sessions import ConnectContext
 from sparkdl_train.driver.connect import check_reachable, unreachable_error
 from sparkdl_train.errors import ConfigError
 from sparkdl_train.failures import Cause, classify_text
 from sparkdl_train.worker.identity import find_executor_id
-
-
-def run_client(url, what, timeout=600):
-    import json
-
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "connect_check.py"), url, what],
-                          capture_output=True, text=True, timeout=timeout, cwd=HERE)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(lines[-1][len("RESULT "):])
 
 
 @pytest.fixture(scope="module")

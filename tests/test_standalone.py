@@ -165,3 +165,32 @@ def test_rdd_fits_on_the_standalone_executors_sample_without_costing_a_python_wo
     # the same rows in the same two partitions, one thread a task: the same training however the RDD was built
     accuracies = [f["accuracy"] for f in s["fits"].values()]
     assert max(accuracies) - min(accuracies) < 1e-6, accuracies
+
+
+def test_a_connect_server_on_the_standalone_cluster_trains_from_the_archive(standalone_cluster, env_archive, tmp_path):
+    """Spark Connect with the server's executors on the standalone Workers, their environment shipped
+    as the README says (the Workers cannot import the checkout): a client process (tests/connect_check.py)
+    fits hogwild (the parameter server in the client) and allreduce; the tasks ran on both executors,
+    from the archive, in Python workers that are neither the client's nor the server's."""
+    from connect_server import ConnectServer, run_client
+
+    server = ConnectServer(str(tmp_path), standalone_cluster.url, {
+        "spark.archives": f"{env_archive}#environment",
+        "spark.executor.memory": "1g",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",  # the client sees no executor list: the server waits
+    }, python="../environment/bin/python").start()  # a session's Python workers run in a folder of its own
+    try:
+        r = run_client(server.url, "cluster", timeout=1200)
+    finally:
+        server.stop()
+    assert r["has_spark_context"] is False
+    for mode in ("hogwild", "allreduce"):
+        got = r[mode]
+        assert got["accuracy"] > 0.85, got
+        assert len(got["executors"]) == 2 and "driver" not in got["executors"] and "None" not in got["executors"], got
+        assert len(got["pids"]) == 2 and r["driver_pid"] not in got["pids"], got
+    assert r["hogwild"]["master"] == standalone_cluster.url
+    assert {e for e, _, _ in r["environment"]} == set(r["hogwild"]["executors"]), r["environment"]
+    for _, python, module in r["environment"]:
+        assert python.endswith("/environment/bin/python") and python.startswith(standalone_cluster.work_dir), python
+        assert module.startswith(standalone_cluster.work_dir) and not module.startswith(ROOT), module
