@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .data.sessions import is_connect
 from .errors import ConfigError
 
 _CHUNK = 8 << 20  # bytes per py4j call when writing
@@ -29,7 +30,7 @@ class FileSystem:
     def __init__(self, sc: Any = None):
         sc = sc if sc is not None else active_context()
         # a Spark Connect client has no JVM (so no Hadoop API) in its process: local paths only
-        self.sc = None if type(sc).__name__ == "ConnectContext" else sc
+        self.sc = None if is_connect(sc) else sc
 
     # -- local fallback -----------------------------------------------------------------
     @staticmethod
