@@ -2,10 +2,10 @@
 the driver still prepares the fit (worker side and rationale: :mod:`sparkdl_train.worker.prepare`).
 
 ``fit`` starts it once it knows its workers (after planning), beside its sample job, and lets
-the first epoch go on once it is submitted (:meth:`PendingPrepare.go_ahead`,
-``FitStats.phases["prepare"]`` is that wait): the epoch's tasks queue behind its tasks in Spark's
-scheduler; it is cancelled if it has not ended within the preflight timeout, and collected after
-the epochs (``FitStats.prepare``: what the tasks did). It runs in the kind of stage the fit's data runs
+the first epoch go on once it has ended (:meth:`PendingPrepare.go_ahead`,
+``FitStats.phases["prepare"]`` is what is left of it after the driver's own preparation); it is
+cancelled if it has not ended within the preflight timeout, and its reports are read after the
+first epoch (``FitStats.prepare``: what the tasks did). It runs in the kind of stage the fit's data runs
 in (DataFrame stages and RDD stages have separate Python worker pools), two tasks per slot up to
 a bound (:func:`prepare_tasks`): Spark hands each new task the longest-idle worker of its pool,
 so preparing every idle worker of a small pool is what makes the epoch's tasks land on prepared
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -44,41 +43,26 @@ TASKS_PER_WORKER = 4
 class PendingPrepare:
     """A prepare job under way (:func:`start_prepare`)."""
 
-    def __init__(self, call: SparkCall | None, signature: str | None, tasks: int, submitted: threading.Event | None = None):
+    def __init__(self, call: SparkCall | None, signature: str | None, tasks: int):
         self._call = call
-        self._submitted = submitted  # set just before the job is submitted (or once it cannot be)
-        self._deadline: threading.Timer | None = None
         self.signature = signature  # what its tasks traced for; None: they only rebuild
         self.tasks = tasks
         self.reports: list[dict[str, Any]] = []
 
-    def go_ahead(self, timeout: float, spread: bool = False) -> None:
-        """Let the fit's first epoch go on once this job is submitted (waiting up to ``timeout``
-        seconds for that), not once it has ended: Spark's FIFO scheduler gives the job submitted
-        first the free slots, so the epoch's tasks start as these end, without the driver's round
-        trip between the two jobs. The job is cancelled if it has not ended ``timeout`` seconds
-        from now (its tasks would hold the epoch's slots); :meth:`finish` collects it.
+    def go_ahead(self, timeout: float) -> None:
+        """Let the fit's first epoch go on once this job has ended, waiting up to ``timeout``
+        seconds (then it is cancelled: its tasks would hold the epoch's slots); :meth:`finish`
+        collects it.
 
-        ``spread`` (several executors): wait until the job has ended instead. Queued behind it, the
-        epoch's tasks take slots as single prepare tasks end, so an executor whose prepare task is
-        slow (a Python worker still starting) can leave both of a short epoch's tasks to the other
-        one, and the first epoch runs narrower than the cluster (seen on a loaded local-cluster).
-        Offered every slot at once, Spark places them one per free slot, across executors."""
-        if self._call is None:
-            return
-        if spread:
-            if not self._call.wait(timeout):
-                self._late(timeout)
-            return
-        if self._submitted is not None:
-            self._submitted.wait(timeout)
-        self._deadline = threading.Timer(timeout, self._late, args=(timeout,))
-        self._deadline.daemon = True
-        self._deadline.name = "sparkdl_train-prepare-deadline"
-        self._deadline.start()
-
-    def _late(self, timeout: float) -> None:
-        if self._call is not None and not self._call.wait(0):
+        Not once it is submitted, though that would save the driver's round trip between the two
+        jobs (30 ms of a 0.45 s fit on ``local[2]``): the epoch's job could then reach Spark's
+        scheduler first (a DataFrame's ``collect`` plans before it submits), and a first-epoch task
+        run on a worker whose prepare task came after it; and queued behind the prepare job, the
+        epoch's tasks take slots as single prepare tasks end, so a slow prepare task (a Python
+        worker still starting) leaves both of a short epoch's tasks to one worker, one after the
+        other, and the first epoch runs narrower than the cluster (seen on ``local[2]`` and a
+        loaded local-cluster). Offered every slot at once, Spark places them one per free slot."""
+        if self._call is not None and not self._call.wait(timeout):
             log.info("prepare: the executors' prepare job did not end within %g s; cancelled, the first epoch goes on", timeout)
             self._call.cancel(5.0)
 
@@ -132,9 +116,6 @@ class PendingPrepare:
         return True
 
     def cancel(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline.join(5.0)
         if self._call is not None:
             self._call.cancel(5.0)
 
@@ -176,25 +157,18 @@ def start_prepare(adapter: DataAdapter, payload_ref: Any, settings: StepSettings
             return [row[0] for row in frame.collect()]
         return sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(_rdd_stage(task)).collect()
 
-    submitted = threading.Event()
-
     def job() -> list[str]:
-        try:
-            batch = guess
-            if after is not None and not at_once:
-                after.wait()
-                if batch is None:
-                    batch = _rows_off(after)
-            if check is not None:
-                check.wait(check_timeout)  # a failed check fails the fit, which cancels this job
-            task = PrepareTask(payload_ref, settings, batch, tuple(kinds) if batch is not None else ())
-            submitted.set()  # collect() submits the job at once
-            return collect(task)
-        finally:
-            submitted.set()
+        batch = guess
+        if after is not None and not at_once:
+            after.wait()
+            if batch is None:
+                batch = _rows_off(after)
+        if check is not None:
+            check.wait(check_timeout)  # a failed check fails the fit, which cancels this job
+        return collect(PrepareTask(payload_ref, settings, batch, tuple(kinds) if batch is not None else ()))
 
     call = SparkCall(sc, job, "sparkdl_train-prepare", "sparkdl_train fit: preparing the executors' model")
-    return PendingPrepare(call, row_signature(guess) if guess is not None else None, tasks, submitted)
+    return PendingPrepare(call, row_signature(guess) if guess is not None else None, tasks)
 
 
 # each architecture's (digest's) last sample signature, as a batch of zero rows: start_prepare's

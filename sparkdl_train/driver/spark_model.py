@@ -255,8 +255,8 @@ class SparkModel:
             with phases("preflight"):  # what is left of the check's time after the driver's preparation
                 environment = check.result() if check is not None else None
             if prepare is not None:
-                with phases("prepare"):  # the wait for its job's submission: the epoch's tasks queue behind its tasks
-                    prepare.go_ahead(config.core.preflight_timeout, spread=on_cluster(sc))
+                with phases("prepare"):  # what is left of its job once the driver is ready: the epoch's tasks go where it ran
+                    prepare.go_ahead(config.core.preflight_timeout)
                 prepare.confirms(batch)
             self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                                   master=sc.master if sc is not None else None, environment=environment)
