@@ -18,7 +18,11 @@ The engines and what each pays per unit of work (k = steps between pushes):
   applies deltas without the lock, so only the per-request interpreter work is serial).
 * ``allreduce``: per step ``c·straggler + 2(N-1)/N·G/B + 2(N-1)·(latency + per-hop cost) +
   per-call cost``: the ring bound of Patarasuk and Yuan, plus the latency and software terms
-  that dominate at large N; G is the gradient bytes (halved for fp16).
+  that dominate at large N; G is the gradient bytes (halved for fp16). The barrier stage and its
+  rendezvous once per stage: a stage of K epochs (``epochs_per_stage``) pays them once for K, and
+  between two of its epochs rank 0's state (weights and optimizer slots) goes to the driver.
+  ``average="state"`` (``mode='allreduce', frequency='epoch'``): no exchange per step; per epoch
+  the epoch's compute, its stragglers, and one ring allreduce of the state in float64.
 
 Efficiency is ``samples/s(N) / (N · batch / c)``: the fraction of N independent single-worker
 steps the engine delivers (weak scaling: each worker keeps its batch size).
@@ -69,6 +73,7 @@ class Workload:
     # touches, growing as steps ** touch_exponent (0: the uniform formula)
     touched_rows_1: float = 0.0
     touch_exponent: float = 1.0
+    state_factor: float = 3.0  # the state (weights and optimizer slots) over the weights: 3 for Adam
 
     @property
     def model_bytes(self) -> float:
@@ -117,13 +122,16 @@ class Engine:
     every: int | None = 1  # ps: steps between pushes; None: once per epoch
     sparse: bool = True  # ps: tables pushed and pulled as touched rows
     precision: int = 4  # allreduce: bytes per gradient value (4: fp32, 2: fp16)
+    epochs_per_stage: int = 1  # allreduce: epochs one barrier stage runs
+    average: str = "gradients"  # allreduce: "gradients" every step, or the model's "state" once per epoch
 
     @property
     def label(self) -> str:
         if self.kind == "averaging":
             return "averaging/epoch"
         if self.kind == "allreduce":
-            return f"allreduce fp{self.precision * 8}"
+            what = "allreduce state/epoch" if self.average == "state" else f"allreduce fp{self.precision * 8}"
+            return what + (f", {self.epochs_per_stage} epochs/stage" if self.epochs_per_stage > 1 else "")
         every = "epoch" if self.every is None else "batch" if self.every == 1 else str(self.every)
         return f"{self.mode} PS/{every}{'' if self.sparse else ' dense'}"
 
@@ -190,10 +198,18 @@ def predict(engine: Engine, w: Workload, n: int, net: Network, server: Server, r
         rate = n * steps * w.batch / sum(parts.values())
         return _done(n, rate, ideal, parts)
     if engine.kind == "allreduce":
+        rendezvous = spark.rendezvous_s if n > 1 else 0.0  # one allGather through the barrier coordinator
+        per_epoch = (_stage(n, w, net, spark) + rendezvous) / engine.epochs_per_stage
+        if engine.epochs_per_stage > 1:  # rank 0's state to the driver between two epochs, and its answer
+            per_epoch += w.model_bytes * w.state_factor / net.driver_bandwidth + 2.0 * net.latency_s
+        if engine.average == "state":
+            steps = w.steps_per_epoch
+            slow = straggler(n, w.step_cv / math.sqrt(steps))
+            parts = {"compute": steps * w.compute_s, "stragglers": steps * w.compute_s * (slow - 1.0),
+                     **ring_seconds(n, w.model_bytes * w.state_factor * 2.0, net, ring), "spark": per_epoch}
+            return _done(n, n * steps * w.batch / sum(parts.values()), ideal, parts)
         grad = w.model_bytes * engine.precision / 4.0
         step = {"compute": w.compute_s, "stragglers": w.compute_s * (slow - 1.0), **ring_seconds(n, grad, net, ring)}
-        rendezvous = spark.rendezvous_s if n > 1 else 0.0  # one allGather through the barrier coordinator
-        per_epoch = _stage(n, w, net, spark) + rendezvous
         step["spark"] = per_epoch / w.steps_per_epoch
         return _done(n, n * w.batch / sum(step.values()), ideal, step)
     if engine.kind == "ps":

@@ -268,7 +268,8 @@ class CoreConfig(_Group):
     frequency: Any = setting(
         None, None, Frequency(),
         "When workers send updates: 'epoch' (once per partition pass, the default), 'batch' (every step) or a number "
-        "of steps N. 'allreduce' is always 'batch'.")
+        "of steps N. 'allreduce': 'batch' (the default) averages gradients every step, 'epoch' trains each rank's "
+        "partition locally and averages the model's state through the ring at the epoch's end.")
     num_workers: int | None = setting(
         "numWorkers", None, Int(1, optional=True), "Training partitions (default: the cluster's default parallelism, "
         "or the barrier slots for 'allreduce').")
@@ -410,6 +411,13 @@ class AllreduceConfig(_Group):
     lr_scaling: str = setting(
         "allreduce.lrScaling", "none", Choice(LR_SCALINGS, "lr_scaling"),
         "'linear' multiplies a constant learning rate by the number of ranks on the executors ('sqrt': by its square root).")
+    epochs_per_stage: int = setting(
+        "allreduce.epochsPerStage", 1, Int(1),
+        "Epochs one barrier stage runs: Spark's stage, the state's broadcast and the ring's set-up are paid once for "
+        "all of them, and each rank keeps its partition in a local file after the first. Between two epochs rank 0 "
+        "sends the state to the driver, which runs the callbacks and checkpoints as usual; a callback that changes the "
+        "model's state (a learning-rate schedule) ends the stage and the next one starts from the driver's state. Needs "
+        "the driver's rendezvous and no validation data (validation is a Spark job of its own between epochs).")
     rendezvous: str = setting(
         "allreduce.rendezvous", "driver", Choice(("driver", "spark"), "rendezvous"),
         "How the ranks of an epoch's barrier stage exchange their addresses: 'driver' through a rendezvous server in "
@@ -490,8 +498,15 @@ class EngineConfig:
         core = groups["core"]
         if core.frequency is None:
             object.__setattr__(core, "frequency", "batch" if core.mode == "allreduce" else "epoch")
-        if core.mode == "allreduce" and core.frequency != "batch":
-            raise ConfigError(f"mode 'allreduce' averages gradients every step; frequency must be 'batch', not {core.frequency!r}")
+        if core.mode == "allreduce" and core.frequency not in ("batch", "epoch"):
+            raise ConfigError(f"mode 'allreduce' averages gradients every step (frequency='batch') or the model's state once "
+                              f"per epoch (frequency='epoch'); not {core.frequency!r}")
+        if core.mode == "allreduce" and core.frequency == "epoch":
+            ar = groups["allreduce"]
+            for name, inert in (("compression", (None, "none")), ("lr_scaling", ("none",))):
+                if getattr(ar, name) not in inert:
+                    raise ConfigError(f"{name}={getattr(ar, name)!r} applies to gradients (allreduce, frequency='batch'); "
+                                      "frequency='epoch' averages the model's state in float64")
         for arg in arguments:  # only explicit arguments: a cluster-wide key may be meant for other modes
             s = known[arg]
             if not _applies(s, core.mode, arguments[arg]):
@@ -616,6 +631,7 @@ class FitConfig:
     validation_split: float = 0.0
     verbose: int = 1
     initial_epoch: int = 0
+    validation_freq: Any = 1  # Keras': validate every N epochs, or after the (1-based) epochs listed
 
     def __post_init__(self) -> None:
         Int(1).check("epochs", self.epochs)
@@ -626,6 +642,18 @@ class FitConfig:
             raise ConfigError(f"initial_epoch must be in [0, epochs], got {self.initial_epoch!r}")
         if self.verbose not in (0, 1, 2, True, False):
             raise ConfigError(f"verbose must be 0, 1 or 2, got {self.verbose!r}")
+        freq = self.validation_freq
+        if isinstance(freq, (list, tuple)):
+            if not all(_is_int(e) and e >= 1 for e in freq):
+                raise ConfigError(f"validation_freq as a list names epochs from 1, got {freq!r}")
+            object.__setattr__(self, "validation_freq", tuple(sorted(set(freq))))
+        elif not _is_int(freq) or freq < 1:
+            raise ConfigError(f"validation_freq must be a positive integer or a list of epochs, got {freq!r}")
+
+    def validates_after(self, epoch: int) -> bool:
+        """Whether validation runs after ``epoch`` (0-based), as Keras' ``validation_freq`` says."""
+        freq = self.validation_freq
+        return epoch + 1 in freq if isinstance(freq, tuple) else (epoch + 1) % freq == 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -21,6 +21,7 @@ _ENGINES: dict[str, Callable[[Any], Target]] = {}
 AVERAGING = "sparkdl_train.driver.engines.averaging:AveragingEngine"
 PARAMETER_SERVER = "sparkdl_train.driver.engines.parameter_server:ParameterServerEngine"
 ALLREDUCE = "sparkdl_train.driver.engines.allreduce:AllreduceEngine"
+RING_AVERAGING = "sparkdl_train.driver.engines.allreduce:RingAveragingEngine"
 
 
 def register(mode: str, engine: Union[Target, Callable[[Any], Target]]) -> None:
@@ -49,4 +50,4 @@ def engine_class(config: Any) -> type:
 register("synchronous", lambda c: AVERAGING if c.frequency == "epoch" else PARAMETER_SERVER)
 register("asynchronous", PARAMETER_SERVER)
 register("hogwild", PARAMETER_SERVER)
-register("allreduce", ALLREDUCE)
+register("allreduce", lambda c: RING_AVERAGING if c.frequency == "epoch" else ALLREDUCE)

@@ -32,6 +32,8 @@ CASES = {  # name -> (SparkModel arguments, fit arguments)
     "hogwild-batch": ({"mode": "hogwild", "frequency": "batch"}, {}),
     "allreduce": ({"mode": "allreduce"}, {}),
     "allreduce-fp16": ({"mode": "allreduce", "compression": "fp16"}, {}),
+    # model averaging through the ring, both epochs in one barrier stage
+    "ring-averaging-stage": ({"mode": "allreduce", "frequency": "epoch", "epochs_per_stage": 2}, {}),
 }
 EPOCHS, BATCH = 2, 32
 

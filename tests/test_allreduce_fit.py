@@ -98,8 +98,11 @@ def test_more_ranks_than_slots_fails_before_launch(sc, digits):
 
 
 def test_allreduce_config_errors():
-    with pytest.raises(ConfigError, match="frequency must be 'batch'"):
-        SparkModel(make_mlp(), mode="allreduce", frequency="epoch")
+    with pytest.raises(ConfigError, match="frequency='epoch'\\); not 4"):
+        SparkModel(make_mlp(), mode="allreduce", frequency=4)
+    for arg in ({"compression": "fp16"}, {"lr_scaling": "linear"}):  # gradients only
+        with pytest.raises(ConfigError, match=f"{next(iter(arg))}=.* applies to gradients"):
+            SparkModel(make_mlp(), mode="allreduce", frequency="epoch", **arg)
     with pytest.raises(ConfigError, match="compression"):
         SparkModel(make_mlp(), mode="allreduce", compression="int8")
     with pytest.raises(ConfigError, match="mode='allreduce' only"):
@@ -175,8 +178,9 @@ def test_ranks_meet_through_the_driver_in_milliseconds_with_the_same_result(spar
     assert "driver_rendezvous_rounds" not in fits["spark"][1]
     for a, b in zip(weights, fits["spark"][0]):
         np.testing.assert_array_equal(a, b)
-    # Spark's allGather: about a second for a rank that waits for its peer; the driver's: milliseconds
-    assert max(meets) < 0.5 and max(fits["spark"][2]) > 0.5, (meets, fits["spark"][2])
+    # Spark's allGather: about a second for a rank that waits for its peer; the driver's: milliseconds (a ratio
+    # of medians in one run: a rank whose peer's task starts late on a loaded machine waits either way)
+    assert np.median(meets) < 0.3 * np.median(fits["spark"][2]), (meets, fits["spark"][2])
     df.unpersist()
 
 
@@ -201,3 +205,132 @@ def test_an_empty_partition_joins_with_zero_weight(sc, digits):
         sc.parallelize(rows, 1), epochs=2, batch_size=32, verbose=0, shuffle=False)
     for a, b in zip(model.get_weights(), alone.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def small_frame(spark, digits):
+    x, y, _, _ = digits
+    df = spark.createDataFrame(pd.DataFrame({"features": list(x[:600].astype("float64")), "label": y[:600].astype("float64")}))
+    df = df.repartition(2).cache()
+    df.count()
+    yield df
+    df.unpersist()
+
+
+def test_several_epochs_in_one_stage_equal_one_stage_per_epoch(sc, small_frame):
+    """allreduce.epochsPerStage=4: one barrier stage (one task per rank, one ring) runs the four
+    epochs, the partition read from Spark once and kept by each rank; each epoch's partials and
+    state reach the driver between epochs. The weights and history equal a stage per epoch's bit
+    for bit (the same shuffles, the same sums)."""
+    fits = {}
+    for per_stage in (1, 4):
+        model = make_mlp()
+        sm = SparkModel(model, mode="allreduce", num_workers=2, seed=3, epochs_per_stage=per_stage)
+        hist = sm.fit(small_frame, epochs=4, batch_size=32, verbose=0)
+        fits[per_stage] = (model.get_weights(), hist.history, sm.stats)
+    for a, b in zip(fits[1][0], fits[4][0]):
+        np.testing.assert_array_equal(a, b)
+    assert fits[1][1] == fits[4][1]
+    one, four = fits[1][2], fits[4][2]
+    assert one.server["stages"] == 4 and four.server["stages"] == 1, (one.server, four.server)
+    assert four.server["epoch_ends_in_stage"] == 3 and four.server["driver_rendezvous_rounds"] == 1
+    # rank 0's state is broadcast round the ring once per stage, not once per epoch: the same bytes as a stage
+    # per epoch in the first epoch, one state's broadcast fewer in each later one
+    sent = [[sum(i["bytes_sent"] for i in e.partitions.values()) for e in s.epochs] for s in (one, four)]
+    saved = [a - b for a, b in zip(*sent)]
+    assert saved[0] == 0 and saved[1] == saved[2] == saved[3] > 0, sent
+    epochs = four.epochs
+    assert [sorted(e.partitions) for e in epochs] == [[0, 1]] * 4
+    for p in (0, 1):  # one task per rank ran all four epochs: same task id, same Python worker
+        infos = [e.partitions[p] for e in epochs]
+        assert len({(i["task"], i["pid"]) for i in infos}) == 1, infos
+        assert [i["stage_epochs"]["index"] for i in infos] == [0, 1, 2, 3]
+        assert infos[0]["stage_epochs"]["kept_bytes"] > 300 * 64 * 4 and infos[0]["executor_id"] == "driver"
+        assert all(i["samples"] == infos[0]["samples"] for i in infos)
+    assert all(len(d) == 1 for d in digests(sm))
+
+
+def test_a_callback_that_changes_the_state_ends_the_stage_and_the_next_starts_from_it(sc, small_frame):
+    import keras
+
+    fits = {}
+    for per_stage in (1, 4):
+        model = make_mlp()
+        sched = keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.003 if epoch < 2 else 0.001)
+        sm = SparkModel(model, mode="allreduce", num_workers=2, seed=3, epochs_per_stage=per_stage)
+        sm.fit(small_frame, epochs=4, batch_size=32, verbose=0, callbacks=[sched])
+        fits[per_stage] = (model.get_weights(), sm.stats.server)
+        assert float(np.asarray(model.optimizer.learning_rate)) == pytest.approx(0.001)
+    for a, b in zip(fits[1][0], fits[4][0]):
+        np.testing.assert_array_equal(a, b)
+    # the schedule set the same rate at epoch 2's start (state unchanged: the stage went on), a new one at 3
+    assert fits[4][1]["stages"] == 2 and fits[4][1]["epoch_ends_in_stage"] == 3, fits[4][1]
+
+
+def test_a_fit_stopped_between_two_epochs_of_a_stage_ends_it(sc, small_frame):
+    import keras
+
+    class StopAfterTwo(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                self.model.stop_training = True
+
+    model = make_mlp()
+    sm = SparkModel(model, mode="allreduce", num_workers=2, seed=3, epochs_per_stage=5)
+    t0 = time.monotonic()
+    hist = sm.fit(small_frame, epochs=5, batch_size=32, verbose=0, callbacks=[StopAfterTwo()])
+    assert time.monotonic() - t0 < 120
+    assert len(hist.history["loss"]) == 2 and len(sm.stats.epochs) == 2
+    assert sm.stats.server["stages"] == 1 and sm.stats.server["epoch_ends_in_stage"] == 2
+    assert sc.statusTracker().getActiveJobsIds() == []  # the ranks were told to stop: their stage has ended
+    assert digests(sm)[-1] == {sm.stats.epochs[-1].partitions[0]["weights_sha256"]}
+
+
+def test_a_stage_ends_where_a_validation_job_runs(small_frame, digits):
+    """Validation is a Spark job of its own, which a barrier stage holding every slot would block:
+    stages end after the epochs Keras' validation_freq validates (here 2 and 4 of 4), and the
+    history and weights equal a stage per epoch's."""
+    _, _, xt, yt = digits
+    fits = {}
+    for per_stage in (1, 4):
+        model = make_mlp()
+        sm = SparkModel(model, mode="allreduce", num_workers=2, seed=3, epochs_per_stage=per_stage)
+        hist = sm.fit(small_frame, epochs=4, batch_size=32, verbose=0, validation_data=(xt, yt), validation_freq=2)
+        fits[per_stage] = (model.get_weights(), hist.history, sm.stats.server)
+    assert len(fits[4][1]["val_loss"]) == 2 and len(fits[4][1]["loss"]) == 4
+    assert fits[4][1] == fits[1][1]
+    for a, b in zip(fits[1][0], fits[4][0]):
+        np.testing.assert_array_equal(a, b)
+    assert fits[4][2]["stages"] == 2 and fits[4][2]["epoch_ends_in_stage"] == 2, fits[4][2]
+    with pytest.raises(ConfigError, match="validation_freq"):
+        SparkModel(make_mlp(), mode="allreduce").fit(small_frame, epochs=2, validation_freq=0)
+
+
+def test_ring_averaging_equals_spark_averaging_and_runs_many_epochs_per_stage(spark, sc, digits):
+    """mode='allreduce', frequency='epoch': each rank trains its partition with Keras' step and the
+    ranks average the state through the ring; the same weights as mode='synchronous',
+    frequency='epoch' (Spark merges the partials on the driver), with one stage for every epoch."""
+    x, y, _, _ = digits
+    rows = list(zip(x[:700], y[:700]))
+    rdd = sc.parallelize([rows[:500], rows[500:]], 2).flatMap(lambda part: part)  # uneven: 500 and 200 rows
+    fits = {}
+    for mode, frequency, per_stage in (("synchronous", "epoch", 1), ("allreduce", "epoch", 3)):
+        model = make_mlp()
+        sm = SparkModel(model, mode=mode, frequency=frequency, num_workers=2, seed=5, epochs_per_stage=per_stage)
+        hist = sm.fit(rdd, epochs=3, batch_size=32, verbose=0)
+        fits[mode] = (model, hist.history, sm.stats)
+    (spark_model, spark_hist, _), (ring_model, ring_hist, stats) = fits["synchronous"], fits["allreduce"]
+    for a, b in zip(spark_model.optimizer.variables, ring_model.optimizer.variables):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)  # slots and the step counter
+    for a, b in zip(spark_model.get_weights(), ring_model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    for k in spark_hist:
+        np.testing.assert_allclose(ring_hist[k], spark_hist[k], rtol=1e-6)
+    assert int(np.asarray(ring_model.optimizer.iterations)) == 3 * -(-500 // 32)  # the longest partition's steps
+    assert stats.server["engine"] == "allreduce" and stats.server["stages"] == 1 and stats.server["epoch_ends_in_stage"] == 2
+    for e in stats.epochs:
+        assert sorted(i["samples"] for i in e.partitions.values()) == [200, 500]
+        # one exchange of the state per epoch: about 2 (N-1)/N of it in float64, plus the counters
+        assert all(i["bytes_sent"] < 4 * 8 * sum(np.asarray(v).size for v in ring_model.optimizer.variables + ring_model.weights)
+                   for i in e.partitions.values())
+    assert all(len(d) == 1 for d in digests(type("S", (), {"stats": stats})))

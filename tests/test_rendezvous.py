@@ -123,3 +123,70 @@ def test_stopping_the_server_releases_the_waiting_ranks(server):
     server.stop()
     t.join(10)
     assert not t.is_alive() and "error" in box and time.monotonic() - t0 < 10
+
+
+def _partial(rank, state=None):
+    import numpy as np
+
+    from sparkdl_train.merge import Partial, WeightedMean
+
+    model = WeightedMean.of([np.asarray(a) for a in state], 1.0) if state is not None else WeightedMean()
+    return Partial(samples=10 + rank, batches=1, model=model, metrics=[np.array([float(rank), 1.0])],
+                   partitions={rank: {"rank": rank}}).to_bytes()
+
+
+def test_ranks_hand_the_driver_each_epoch_of_a_stage_and_wait_for_its_answer():
+    """Between two epochs of one barrier stage every rank sends its partial (rank 0's with the
+    state); the watcher gets them all at once, and the ranks wait until the engine decides."""
+    import threading
+
+    import numpy as np
+
+    from sparkdl_train.merge import Partial
+
+    secret = net.new_secret()
+    srv = RendezvousServer("127.0.0.1", secret, timeout=5.0, max_epoch_bytes=1 << 20).start()
+    srv.secret = secret
+    try:
+        watch = srv.watch("stage-0.0")
+        state = [np.arange(6, dtype=np.float32).reshape(2, 3)]
+        answers = {}
+
+        def rank(r, epoch):
+            answers[(r, epoch)] = group(srv, r, 2, "stage-0.0").epoch_end(epoch, _partial(r, state if r == 0 else None))
+
+        threads = [threading.Thread(target=rank, args=(r, 0)) for r in range(2)]
+        for t in threads:
+            t.start()
+        epoch, blobs = watch.get(timeout=5)
+        assert epoch == 0 and sorted(blobs) == [0, 1]
+        merged = Partial.from_bytes(blobs[0]).merge(Partial.from_bytes(blobs[1]))
+        assert merged.samples == 21 and np.array_equal(merged.model.result()[0], state[0])
+        time.sleep(0.2)
+        assert all(t.is_alive() for t in threads) and answers == {}  # waiting for the driver
+        srv.decide("stage-0.0", 0, True)
+        for t in threads:
+            t.join(5)
+        assert answers == {(0, 0): True, (1, 0): True} and srv.boundaries_passed == 1
+        # the next epoch's end: the engine ends the stage instead (unwatch answers "stop")
+        threads = [threading.Thread(target=rank, args=(r, 1)) for r in range(2)]
+        for t in threads:
+            t.start()
+        assert watch.get(timeout=5)[0] == 1
+        srv.unwatch("stage-0.0")
+        for t in threads:
+            t.join(5)
+        assert answers[(0, 1)] is False and answers[(1, 1)] is False
+        # a stage nobody watches any longer: told to stop at once
+        assert group(srv, 0, 2, "stage-0.0").epoch_end(2, _partial(0)) is False
+    finally:
+        srv.stop()
+
+
+def test_an_epoch_end_the_driver_never_answers_fails_within_the_timeout(server):
+    """No decision within the rank's timeout: the rank fails naming the wait (never hangs)."""
+    server.watch("stage-3.0")
+    t0 = time.monotonic()
+    with pytest.raises(RingTimeout, match="meeting at the end of epoch 4"):
+        group(server, 0, 1, "stage-3.0", timeout=1.0).epoch_end(3, _partial(0))
+    assert time.monotonic() - t0 < 4

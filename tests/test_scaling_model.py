@@ -94,3 +94,26 @@ def test_a_sweep_labels_every_engine_and_covers_1_to_256_workers():
     assert len(out) == len(sm.ENGINES) and all([p.workers for p in ps] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
                                                  for ps in out.values())
     assert all(0 < p.efficiency <= 1.0 + 1e-9 for ps in out.values() for p in ps)
+
+
+def test_a_stage_of_k_epochs_pays_the_stage_once_plus_the_state_to_the_driver_per_epoch():
+    spark = sm.SparkCosts(stage_s=0.4, task_s=0.0, rendezvous_s=0.0, merge_bytes_per_s=math.inf)
+    short = sm.Workload("short epochs", compute_s=0.001, batch=512, dense_bytes=1e6, steps_per_epoch=100, step_cv=0.0)
+    one = sm.predict(sm.Engine("allreduce"), short, 8, NET, SERVER, RING, spark)
+    eight = sm.predict(sm.Engine("allreduce", epochs_per_stage=8), short, 8, NET, SERVER, RING, spark)
+    stage = 0.4 + sm.broadcast_seconds(8, 1e6, NET)
+    boundary = 3 * 1e6 / NET.driver_bandwidth + 2 * NET.latency_s  # weights and Adam's two slots
+    assert one.parts["spark"] == pytest.approx(stage / 100)
+    assert eight.parts["spark"] == pytest.approx((stage / 8 + boundary) / 100)
+    assert eight.efficiency > one.efficiency
+    assert "8 epochs/stage" in sm.Engine("allreduce", epochs_per_stage=8).label
+
+
+def test_averaging_the_state_through_the_ring_sends_it_once_per_epoch_in_float64():
+    state = sm.Engine("allreduce", average="state", epochs_per_stage=16)
+    p = sm.predict(state, CTR, 64, NET, SERVER, RING, FREE_SPARK)
+    assert p.parts["compute"] == pytest.approx(2000 * 0.02)
+    assert p.parts["bandwidth"] == pytest.approx(2 * 63 / 64 * CTR.model_bytes * 3 * 2 / NET.bandwidth)
+    gradients = sm.predict(sm.Engine("allreduce"), CTR, 64, NET, SERVER, RING, FREE_SPARK)
+    assert p.efficiency > 0.8 > 0.2 > gradients.efficiency  # the tables once per epoch, not every step
+    assert state.label == "allreduce state/epoch, 16 epochs/stage"

@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import net
 from .transport import RingError, RingTimeout
 
@@ -82,11 +84,33 @@ class DriverGroup(BarrierGroup):
         self._calls = 0
 
     def all_gather(self, message: str) -> list[str]:
-        s = self.settings
         attempt = self._ctx.stageAttemptNumber() if hasattr(self._ctx, "stageAttemptNumber") else 0
-        key = f"{s.round}:{attempt}:{self._calls}"
+        key = f"{self.settings.round}:{attempt}:{self._calls}"
         self._calls += 1
-        where = f"the driver's rendezvous server at {s.host}:{s.port}"
+        kind, meta = self._call(net.Msg.JOIN, {"round": key, "rank": self.rank, "size": self.size, "message": message}, (),
+                                "rendezvous")
+        messages = meta.get("messages") if kind == net.Msg.PEERS else None
+        if not isinstance(messages, list) or len(messages) != self.size or not all(isinstance(m, str) for m in messages):
+            raise RingError(f"rank {self.rank}: {self._where()} answered {kind.name} without {self.size} messages")
+        return messages
+
+    def epoch_end(self, epoch: int, partial: bytes) -> bool:
+        """Hand the driver this rank's ``partial`` (:meth:`~sparkdl_train.merge.Partial.to_bytes`)
+        of ``epoch``, a stage's epoch before its last, and wait for its answer: ``True``, train the
+        next epoch; ``False``, end the stage here (the fit stops, or the driver's state changed)."""
+        attempt = self._ctx.stageAttemptNumber() if hasattr(self._ctx, "stageAttemptNumber") else 0
+        meta = {"round": f"{self.settings.round}:{attempt}", "rank": self.rank, "size": self.size, "epoch": epoch}
+        kind, answer = self._call(net.Msg.EPOCH, meta, [np.frombuffer(partial, np.uint8)], f"meeting at the end of epoch {epoch + 1}")
+        if kind != net.Msg.GO or not isinstance(answer.get("go"), bool):
+            raise RingError(f"rank {self.rank}: {self._where()} answered {kind.name} at the end of epoch {epoch + 1}")
+        return answer["go"]
+
+    def _where(self) -> str:
+        return f"the driver's rendezvous server at {self.settings.host}:{self.settings.port}"
+
+    def _call(self, kind: net.Msg, meta: dict[str, Any], arrays: Any, what: str) -> tuple[net.Msg, dict[str, Any]]:
+        """One authenticated request to the driver's server and its answer, every wait bounded."""
+        s, where = self.settings, self._where()
         try:
             sock = socket.create_connection((s.host, s.port), timeout=min(self.timeout, self.connect_timeout))
         except OSError as exc:
@@ -99,26 +123,23 @@ class DriverGroup(BarrierGroup):
             sock = net.wrap_client(sock, s.tls, self.connect_timeout)
             net.client_handshake(sock, self.rank, s.secret)
             sock.settimeout(self.timeout)
-            net.send(sock, net.Msg.JOIN, {"round": key, "rank": self.rank, "size": self.size, "message": message})
-            kind, meta, _, _ = net.recv(sock, MAX_PEERS_BYTES)
+            net.send(sock, kind, meta, arrays)
+            got, answer, _, _ = net.recv(sock, MAX_PEERS_BYTES)
         except socket.timeout:
             raise RingTimeout(
-                f"rank {self.rank}: rendezvous through {where} not complete after {self.timeout:g} s: another rank "
-                "never reached it (see spark.sparkdl_train.allreduce.timeout)"
+                f"rank {self.rank}: {what} through {where} not complete after {self.timeout:g} s: another rank "
+                "never reached it, or the driver did not answer (see spark.sparkdl_train.allreduce.timeout)"
             ) from None
         except (ConnectionError, OSError) as exc:
             raise RingTimeout(
-                f"rank {self.rank}: {where} closed the rendezvous ({exc}): another rank never reached it within "
+                f"rank {self.rank}: {where} closed the {what} ({exc}): another rank never reached it within "
                 "spark.sparkdl_train.allreduce.timeout, or the fit ended"
             ) from None
         finally:
             sock.close()
-        if kind == net.Msg.ERROR:
-            raise RingError(f"rank {self.rank}: {where} refused the rendezvous: {meta.get('error')}")
-        messages = meta.get("messages") if kind == net.Msg.PEERS else None
-        if not isinstance(messages, list) or len(messages) != self.size or not all(isinstance(m, str) for m in messages):
-            raise RingError(f"rank {self.rank}: {where} answered {kind.name} without {self.size} messages")
-        return messages
+        if got == net.Msg.ERROR:
+            raise RingError(f"rank {self.rank}: {where} refused the {what}: {answer.get('error')}")
+        return got, answer
 
 
 class SingleGroup:

@@ -81,6 +81,7 @@ class SparkModel:
         transform_threads: int | None = None,
         transform_rows: int | None = None,
         epoch_retries: int | None = None,
+        epochs_per_stage: int | None = None,
         **settings: Any,
     ):
         given = dict(locals())  # the parameters as passed; each one is a declared setting (config.py)
@@ -160,12 +161,14 @@ class SparkModel:
         checkpoint_dir: str | None = None,
         transform: Any = None,
         mlflow: bool | None = None,
+        validation_freq: Any = 1,
     ) -> Any:
         """Train on ``data`` (DataFrame, RDD of ``(x, y)``) and return a ``keras.callbacks.History``.
 
         ``validation_data`` may be a DataFrame, an RDD or a tuple of arrays;
         ``validation_split`` holds out a seeded random fraction of ``data``
-        (Keras takes the last rows; distributed data has no "last" rows).
+        (Keras takes the last rows; distributed data has no "last" rows). ``validation_freq``, as
+        in Keras: validate every N epochs, or after the (1-based) epochs listed.
 
         ``verbose=1`` draws a ``tqdm.auto`` bar per epoch, moved by the workers' live
         reports; ``2`` prints one line per epoch; ``0`` nothing. ``callbacks`` run on the
@@ -200,6 +203,7 @@ class SparkModel:
             validation_split=validation_split,
             verbose=int(verbose),
             initial_epoch=initial_epoch,
+            validation_freq=validation_freq,
         )
         if validation_data is not None and validation_split:
             raise ConfigError("pass either validation_data or validation_split, not both")
@@ -329,7 +333,12 @@ class SparkModel:
         for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
             cb.on_epoch_begin(epoch)
             progress.epoch_begin(epoch)
-            ctx = EpochContext(model, loop.train, loop.refs, loop.settings, epoch, fit_cfg.epochs, loop.monitor)
+            validated = loop.val is not None and fit_cfg.validates_after(epoch)
+            # a stage of several epochs (allreduce.epochsPerStage) ends before a validation job: it holds every slot
+            stage_end = next((e for e in range(epoch, fit_cfg.epochs) if loop.val is not None and fit_cfg.validates_after(e)),
+                             fit_cfg.epochs - 1)
+            ctx = EpochContext(model, loop.train, loop.refs, loop.settings, epoch, fit_cfg.epochs, loop.monitor,
+                               stage_end=stage_end)
             ph = ctx.phases
             started = time.perf_counter()
             try:
@@ -345,7 +354,7 @@ class SparkModel:
                 break
             # the engine's own work after the job: merging, applying the state, its bookkeeping
             ph.add("merge", time.perf_counter() - started - ph.seconds.get("broadcast", 0.0) - ph.seconds.get("job", 0.0))
-            if loop.val is not None:
+            if validated:
                 with ph("validation"):
                     val_logs = evaluate_logs(
                         model, loop.val, loop.refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"

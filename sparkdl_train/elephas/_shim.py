@@ -115,14 +115,13 @@ def plain(value: Any) -> Any:
 
 # Keras ``fit`` arguments that Elephas forwarded to the workers' ``model.fit``
 FIT_ARGUMENTS = ("epochs", "batch_size", "verbose", "callbacks", "validation_split", "validation_data", "shuffle",
-                 "initial_epoch")
+                 "initial_epoch", "validation_freq")
 _KERAS_FIT_UNSUPPORTED = {
     "class_weight": "weight rows instead: RDD elements (x, y, sample_weight), or sample_weight_col= on a DataFrame",
     "sample_weight": "weight rows instead: RDD elements (x, y, sample_weight), or sample_weight_col= on a DataFrame",
     "steps_per_epoch": "an epoch is one pass over the data; use fewer rows (rdd.sample) for shorter epochs",
     "validation_steps": "validation covers all of validation_data",
     "validation_batch_size": "validation uses the training batch size",
-    "validation_freq": "validation runs after every epoch",
     "x": "pass the RDD as the first argument", "y": "labels are part of the RDD's (x, y) rows",
 }
 

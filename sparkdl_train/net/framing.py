@@ -46,6 +46,8 @@ class Msg(enum.IntEnum):
     REPORT = 11
     JOIN = 12
     PEERS = 13
+    EPOCH = 14  # an allreduce rank's end of an epoch inside a stage of several (sparkdl_train.driver.rendezvous)
+    GO = 15
 
 
 class ProtocolError(ConnectionError):

@@ -13,12 +13,19 @@ Per epoch (one Spark barrier stage, rank = partition id):
 5. average the non-trainable state (e.g. BatchNorm statistics) so that every
    rank ends with identical weights, and report a digest of them.
 
+A stage may run several epochs (``epochs``, ``spark.sparkdl_train.allreduce.epochsPerStage``): the
+first reads the partition from Spark and keeps it in a local file (:mod:`.replay`), the later ones
+read it back; the ring and the model stay. Between two epochs each rank hands the driver its
+epoch's partial (rank 0's with the state) and waits for its answer (:meth:`DriverGroup.epoch_end`):
+go on, or end the stage (the fit stopped, or a callback changed the driver's state).
+
 A failing rank tells the ring (an abort frame naming it, with its traceback)
 before it raises, so every rank's error names the rank that failed first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -38,6 +45,7 @@ from ..merge import Partial, WeightedMean
 from ..model_io import get_metric_state, get_state, set_state
 from ..net.tls import TlsIdentity
 from .fused_step import cached_fused_step
+from .replay import Replay
 from .report import ReportSettings
 from .tasks import PartitionPass, Ref, StepSettings, on_task_device
 
@@ -56,6 +64,8 @@ class RingSettings:
     host: str | None = None  # None: the executor address Spark reports for this task
     tls: TlsIdentity | None = None  # the fit's ring identity (key included: every rank accepts one peer)
     rendezvous: RendezvousSettings | None = None  # the driver's rendezvous server; None: Spark's allGather
+    # "gradients": every step (Horovod); "state": each rank trains its partition, the model's state is averaged at the end
+    average: str = "gradients"
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ class AllreduceTrainTask:
     settings: StepSettings
     ring: RingSettings
     report: ReportSettings | None = None
+    epochs: int = 1  # epochs this stage runs, from ``epoch`` (more than one: through the driver's rendezvous server)
 
     @on_task_device
     def __call__(self, partition: int, chunks: Iterable[Batch], barrier: Any = None, *, device: str | None = None) -> Partial:
@@ -80,7 +91,9 @@ class AllreduceTrainTask:
             link = rendezvous(group, self.ring.host or host, self.ring.secret, self.ring.timeout, self.ring.connect_timeout,
                               tls=self.ring.tls)
             run.startup["rendezvous"] = time.perf_counter() - t0
-            return self._train(run, chunks, link, rank, size)
+            if self.epochs == 1:
+                return self._train(run, chunks, link, rank, size)
+            return self._epochs(run, chunks, link, group)
         except PeerAborted as exc:
             if link is not None and exc.origin != rank:
                 link.abort(exc.origin, exc.detail)  # pass it on round the ring
@@ -107,16 +120,41 @@ class AllreduceTrainTask:
             group = BarrierGroup(barrier, self.ring.timeout)
         return group, group.address()
 
-    def _train(self, run: PartitionPass, chunks: Iterable[Batch], link: Any, rank: int, size: int) -> Partial:
+    def _epochs(self, run: PartitionPass, chunks: Iterable[Batch], link: Any, group: Any) -> Partial:
+        """This stage's epochs on one ring: the partition kept locally after the first."""
+        if not hasattr(group, "epoch_end"):
+            raise RankError("a stage of several epochs meets through the driver's rendezvous server "
+                            "(spark.sparkdl_train.allreduce.rendezvous=driver)")
+        replay = Replay()
+        try:
+            for k in range(self.epochs):
+                epoch = self.epoch + k
+                if k:
+                    run.next_epoch(epoch, dataclasses.replace(self.report, epoch=epoch) if self.report is not None else None)
+                data = replay.first(chunks) if k == 0 else replay.again()
+                partial = self._train(run, data, link, group.rank, group.size, broadcast=k == 0)
+                partial.partitions[run.partition]["stage_epochs"] = {"index": k, "of": self.epochs,
+                                                                     "kept_bytes": replay.bytes}
+                if k == self.epochs - 1 or not group.epoch_end(epoch, partial.to_bytes()):
+                    return partial
+            raise AssertionError("unreachable")
+        finally:
+            replay.close()
+
+    def _train(self, run: PartitionPass, chunks: Iterable[Batch], link: Any, rank: int, size: int,
+               broadcast: bool = True) -> Partial:
         s, r, model, partition = self.settings, self.ring, run.model, run.partition
+        if r.average == "state":
+            return self._train_local(run, chunks, link, rank, size, broadcast)
         factor = {"none": 1.0, "linear": float(size), "sqrt": math.sqrt(size)}[r.lr_scaling]
         base_lr = _scale_lr(model, factor)
         wire = {"fp16": np.float16, "bf16": ring.BF16}.get(r.compression)
 
         # Horovod semantics: every rank starts from rank 0's weights and optimizer state
         comm = 0.0
+        sent0, received0 = getattr(link, "bytes_sent", 0), getattr(link, "bytes_received", 0)  # this epoch's bytes
         t0 = time.perf_counter()
-        if link is not None:
+        if link is not None and broadcast:
             state = _broadcast_arrays(get_state(model), link, rank, size)
             if rank != 0:
                 set_state(model, state)
@@ -163,8 +201,8 @@ class AllreduceTrainTask:
             world_size=size,
             global_steps=global_steps,
             comm_seconds=round(comm, 4),
-            bytes_sent=getattr(link, "bytes_sent", 0),
-            bytes_received=getattr(link, "bytes_received", 0),
+            bytes_sent=getattr(link, "bytes_sent", 0) - sent0,
+            bytes_received=getattr(link, "bytes_received", 0) - received0,
             weights_sha256=hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in weights)).hexdigest(),
         )
         return Partial(
@@ -175,6 +213,69 @@ class AllreduceTrainTask:
             metrics=get_metric_state(model) if samples else None,
             partitions={partition: info},
         )
+
+
+    def _train_local(self, run: PartitionPass, chunks: Iterable[Batch], link: Any, rank: int, size: int,
+                     broadcast: bool) -> Partial:
+        """Model averaging through the ring: Keras' train step over the whole partition, then the
+        sample-weighted mean of the state (integer counters: their maximum) on every rank."""
+        model, comm = run.model, 0.0
+        sent0, received0 = getattr(link, "bytes_sent", 0), getattr(link, "bytes_received", 0)
+        t0 = time.perf_counter()
+        if link is not None and broadcast:  # the stage starts from rank 0's state on every rank
+            state = _broadcast_arrays(get_state(model), link, rank, size)
+            if rank != 0:
+                set_state(model, state)
+            run.startup["ring_broadcast"] = time.perf_counter() - t0
+        comm += time.perf_counter() - t0
+        samples, steps = run.run(chunks)
+        t0 = time.perf_counter()
+        if link is not None:
+            set_state(model, _average_state(get_state(model), link, rank, size, samples))
+        comm += time.perf_counter() - t0
+        weights = [np.asarray(v.numpy()) for v in model.weights]
+        info = run.info(
+            samples, steps, rank=rank, world_size=size, global_steps=steps, comm_seconds=round(comm, 4),
+            bytes_sent=getattr(link, "bytes_sent", 0) - sent0, bytes_received=getattr(link, "bytes_received", 0) - received0,
+            weights_sha256=hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in weights)).hexdigest(),
+        )
+        return Partial(samples=samples, batches=steps,
+                       model=WeightedMean.of(get_state(model), 1.0) if rank == 0 else WeightedMean(),
+                       metrics=get_metric_state(model) if samples else None, partitions={run.partition: info})
+
+
+def _average_state(arrays: list[np.ndarray], link: Any, rank: int, size: int, samples: int) -> list[np.ndarray]:
+    """The ranks' sample-weighted mean of the float ``arrays`` (float64 sums, as
+    :class:`~sparkdl_train.merge.WeightedMean` adds them) and the maximum of the others, on every
+    rank; a rank without samples contributes nothing. Unchanged if no rank had a sample."""
+    floats = [i for i, a in enumerate(arrays) if a.dtype.kind in "fc"]
+    others = [i for i, a in enumerate(arrays) if a.dtype.kind not in "fc"]
+    buf = np.concatenate([*(np.asarray(arrays[i], np.float64).ravel() * samples for i in floats), [float(samples)]])
+    ring.allreduce_sum(buf, link, rank, size)
+    total = buf[-1]
+    if total <= 0:
+        return arrays
+    out = list(arrays)
+    pos = 0
+    for i in floats:
+        a = arrays[i]
+        out[i] = np.asarray(buf[pos : pos + a.size].reshape(a.shape) / total, dtype=a.dtype)
+        pos += a.size
+    if others:  # each rank's integers in a slot of its own, summed: every rank sees all of them
+        flat = np.concatenate([np.asarray(arrays[i], np.float64).ravel() for i in others])
+        table = np.zeros((size, flat.size), np.float64)
+        if samples:
+            table[rank] = flat
+        else:
+            table[rank] = -np.inf  # no samples: no say in the maximum
+        ring.allreduce_sum(table.ravel(), link, rank, size)
+        best = table.max(axis=0)
+        pos = 0
+        for i in others:
+            a = arrays[i]
+            out[i] = best[pos : pos + a.size].reshape(a.shape).astype(a.dtype)
+            pos += a.size
+    return out
 
 
 def _broadcast_arrays(arrays: list[np.ndarray], link: Any, rank: int, size: int) -> list[np.ndarray]:

@@ -183,6 +183,19 @@ class PartitionPass:
         self.screen = Screen(settings.nan_policy, partition, self.model)
         self.reporter = Reporter(report, partition)  # no settings: reports nothing
 
+    def next_epoch(self, epoch: int, report: ReportSettings | None = None) -> None:
+        """Start this task's next epoch on the same model, as the last one left it (a barrier stage
+        that runs several epochs: :mod:`.allreduce_task`): metrics from zero, the epoch's own shuffle
+        seed, screen, reporter and statistics, exactly as a task of its own for that epoch would."""
+        self.start = time.perf_counter()
+        self.started_at = time.time()
+        self.startup = {"model_cached": True}
+        self.tally = {}
+        self.model.reset_metrics()
+        self.rng = np.random.default_rng([self.settings.seed, epoch, self.partition])
+        self.screen = Screen(self.settings.nan_policy, self.partition, self.model)
+        self.reporter = Reporter(report, self.partition)
+
     def batches(self, chunks: Iterable[Batch]) -> Iterable[Batch]:
         s = self.settings
         shuffle = self.training and s.shuffle

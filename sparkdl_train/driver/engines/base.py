@@ -79,6 +79,9 @@ class EpochContext:
     epochs: int
     monitor: FitMonitor
     phases: Phases = field(default_factory=Phases)  # the driver's time in this epoch, by phase
+    # the last epoch a stage that starts at this one may run (allreduce.epochsPerStage): the fit's last,
+    # or an earlier one after which a validation job runs
+    stage_end: int | None = None
 
     @property
     def description(self) -> str:

@@ -1,0 +1,94 @@
+"""The allreduce engine's fixed cost per epoch: one barrier stage per epoch against one stage for
+all of a fit's epochs (``spark.sparkdl_train.allreduce.epochsPerStage``).
+
+A stage per epoch pays, every epoch, Spark's job and barrier stage, the state's broadcast to the
+executors, the task's start in its Python worker, the partition's read from Spark, the ranks'
+rendezvous and the ring's connections and the broadcast of rank 0's state round the ring. A stage
+of several epochs pays them once; between its epochs the ranks hand the driver their partials
+(rank 0's with the state) and wait for its "go". Same session, same data and model, alternating
+the two settings fit by fit; prints the fits' seconds, the epochs' median seconds (the first
+epoch of each fit left out: it pays the same rebuild either way) and the ratios, with the
+weights' equality.
+
+    python bench/epochs_per_stage.py [--master local[2]] [--epochs 8] [--repeats 2] [--rows 1437]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=1437, help="training rows (the digits, repeated as needed)")
+    args = ap.parse_args()
+
+    import numpy as np
+    import pandas as pd
+    from helpers import digits_split, make_mlp
+    from pyspark.sql import SparkSession
+
+    from sparkdl_train import SparkModel
+
+    builder = (SparkSession.builder.master(args.master).config("spark.ui.enabled", "false")
+               .config("spark.python.daemon.module", "sparkdl_train.worker.daemon")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1"))
+    if args.master.startswith("local-cluster"):
+        builder = (builder.config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+                   .config("spark.executorEnv.PYTHONPATH", os.path.join(HERE, "..")))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    x, y, _, _ = digits_split()
+    reps = -(-args.rows // len(x))
+    x, y = np.concatenate([x] * reps)[: args.rows], np.concatenate([y] * reps)[: args.rows]
+    df = spark.createDataFrame(pd.DataFrame({"features": list(x.astype("float64")), "label": y.astype("float64")})).repartition(2).cache()
+    df.count()
+    SparkModel(make_mlp(), mode="allreduce", num_workers=2).fit(df, epochs=2, batch_size=32, verbose=0)  # warm workers
+
+    fits: dict[int, list[float]] = {1: [], args.epochs: []}
+    epochs: dict[int, list[float]] = {1: [], args.epochs: []}
+    weights: dict[int, list] = {}
+    executors: dict[int, set] = {1: set(), args.epochs: set()}
+    for _ in range(args.repeats):
+        for per_stage in (1, args.epochs):
+            model = make_mlp()
+            sm = SparkModel(model, mode="allreduce", num_workers=2, seed=3, epochs_per_stage=per_stage)
+            t0 = time.perf_counter()
+            sm.fit(df, epochs=args.epochs, batch_size=32, verbose=0)
+            fits[per_stage].append(time.perf_counter() - t0)
+            epochs[per_stage] += [e.seconds for e in sm.stats.epochs[1:]]
+            executors[per_stage] |= {p.get("executor_id") for e in sm.stats.epochs for p in e.partitions.values()}
+            weights[per_stage] = model.get_weights()
+    spark.stop()
+    same = all(np.array_equal(a, b) for a, b in zip(weights[1], weights[args.epochs]))
+    k = args.epochs
+    print(f"bench/epochs_per_stage.py  master={args.master}  epochs={k}  rows={args.rows}  repeats={args.repeats}  "
+          f"cpus={os.cpu_count()}")
+    for per_stage in (1, k):
+        print(f"  epochsPerStage={per_stage}: fit {statistics.median(fits[per_stage]):.3f} s, epoch "
+              f"{statistics.median(epochs[per_stage]):.3f} s (medians of {len(fits[per_stage])} / {len(epochs[per_stage])}); "
+              f"executors {sorted(map(str, executors[per_stage]))}")
+    fixed = (statistics.median(fits[1]) - statistics.median(fits[k])) / (k - 1)
+    print(f"  {k}/1: fit {statistics.median(fits[k]) / statistics.median(fits[1]):.2f}x, epoch "
+          f"{statistics.median(epochs[k]) / statistics.median(epochs[1]):.2f}x; fixed cost saved per epoch {fixed:.3f} s; "
+          f"same weights: {same}")
+    print("RESULT", {"fit_s": {str(p): statistics.median(v) for p, v in fits.items()},
+                     "epoch_s": {str(p): statistics.median(v) for p, v in epochs.items()},
+                     "saved_per_epoch_s": fixed, "same_weights": same})
+
+
+if __name__ == "__main__":
+    main()

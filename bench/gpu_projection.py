@@ -1,0 +1,78 @@
+"""Projected efficiency of the engines with GPU step times (issue 37), from the scaling model's
+constants as docs/scaling.md gives them: the H200 step times measured with Keras 3 on JAX
+(docs/gpu), 25 Gb/s, this machine's Spark, server and ring constants. Pure arithmetic (no Spark):
+prints one table per workload, the efficiency at 8, 64 and 256 workers and the bottleneck at 64.
+
+    python bench/gpu_projection.py [--gbps 25] [--epochs-per-stage 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scaling_model as sm  # noqa: E402
+
+# docs/scaling.md's constants (bench/scaling.py): the ring's hop as re-measured with a core per rank,
+# a fit's stage outside its tasks, the driver's rendezvous server (nothing beyond a plain stage)
+RING = sm.Ring(call_s=1e-6, hop_s=49e-6)
+SPARK = sm.SparkCosts(stage_s=0.361, task_s=0.0023, rendezvous_s=0.0, merge_bytes_per_s=7.4e9, python_task_s=0.058)
+SERVER = sm.Server(request_s=133e-6, serial_bytes_per_s=3.16e9, row_s=47e-9)
+WORKERS = (8, 64, 256)
+
+
+def resnet(step_s: float, n: int) -> sm.Workload:
+    """ResNet-50 (25.6M parameters), batch 256 per worker, an ImageNet epoch (1.28M images) split over n."""
+    return sm.Workload("ResNet-50", step_s, 256, dense_bytes=25.6e6 * 4, steps_per_epoch=max(1, int(1.28e6 / 256 / n)),
+                       step_cv=0.05)
+
+
+def deepfm(n: int) -> sm.Workload:
+    """The flagship DeepFM at batch 512 (0.86 ms on the H200), 1M-id tables (36 MB), 45M-row epochs split over n."""
+    return sm.Workload("DeepFM", 0.86e-3, 512, dense_bytes=65e3, table_bytes=36e6, rows_per_batch=512 * 26, row_bytes=36,
+                       table_rows=1e6, steps_per_epoch=int(45e6 / 512 / n), step_cv=0.05, push_fixed_s=0.55e-3,
+                       push_byte_s=9.5e-9)
+
+
+def table(title: str, make, engines: list[sm.Engine], net: sm.Network) -> list[dict]:
+    print(f"\n{title}")
+    print(f"  {'engine':<44}" + "".join(f"{'N=' + str(n):>8}" for n in WORKERS) + "   bottleneck at 64")
+    rows = []
+    for e in engines:
+        preds = [sm.predict(e, make(n), n, net, SERVER, RING, SPARK) for n in WORKERS]
+        print(f"  {e.label:<44}" + "".join(f"{p.efficiency:>8.3f}" for p in preds) + f"   {preds[1].bottleneck}")
+        rows.append({"engine": e.label, **{str(n): p.efficiency for n, p in zip(WORKERS, preds)}})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gbps", type=float, default=25.0)
+    ap.add_argument("--epochs-per-stage", type=int, default=8)
+    args = ap.parse_args()
+    net, k = sm.Network(args.gbps), args.epochs_per_stage
+    print(f"bench/gpu_projection.py  {args.gbps:g} Gb/s, {k} epochs per stage where a stage runs several")
+    out = {}
+    for name, step, precision in (("ResNet-50 mixed bf16 (45.9 ms)", 45.9e-3, 2), ("ResNet-50 fp32 (73.2 ms)", 73.2e-3, 4)):
+        out[name] = table(name, lambda n, s=step: resnet(s, n), [
+            sm.Engine("allreduce", precision=precision),
+            sm.Engine("allreduce", precision=precision, epochs_per_stage=k),
+            sm.Engine("averaging"),
+            sm.Engine("allreduce", average="state", epochs_per_stage=k),
+        ], net)
+    out["DeepFM"] = table("DeepFM b512 (0.86 ms), 45M-row epochs", deepfm, [
+        sm.Engine("averaging"),
+        sm.Engine("ps", "hogwild", None),
+        sm.Engine("ps", "asynchronous", 4),
+        sm.Engine("allreduce", precision=4),
+        sm.Engine("allreduce", precision=4, epochs_per_stage=k),
+        sm.Engine("allreduce", average="state"),
+        sm.Engine("allreduce", average="state", epochs_per_stage=k),
+    ], net)
+    print("RESULT", out)
+
+
+if __name__ == "__main__":
+    main()
