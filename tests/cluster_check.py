@@ -82,11 +82,17 @@ def main(master: str) -> None:
     retry_server = retry_sm.stats.server
 
     # allreduce: one barrier stage per epoch, ranks in the two executors, ring over TCP
+    ar_df = df.cache()  # cached: every epoch reads the rows in one order (a shuffle's blocks may arrive in any)
+    ar_df.count()
     ar_model = make_mlp()
     ar_sm = SparkModel(ar_model, mode="allreduce", num_workers=2)
-    ar_hist = ar_sm.fit(df, epochs=epochs, batch_size=16, verbose=0)
+    ar_hist = ar_sm.fit(ar_df, epochs=epochs, batch_size=16, verbose=0)
     ar_acc = ar_model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
     ar_first = ar_sm.stats.epochs[0].partitions
+    # the same fit with four epochs per barrier stage: three stages, each rank's partition kept on its executor
+    st_model = make_mlp()
+    st_sm = SparkModel(st_model, mode="allreduce", num_workers=2, epochs_per_stage=4)
+    st_sm.fit(ar_df, epochs=epochs, batch_size=16, verbose=0)
 
     print("RESULT " + json.dumps({
         "ar_acc": ar_acc,
@@ -97,6 +103,11 @@ def main(master: str) -> None:
         "ar_ranks": sorted(i["rank"] for i in ar_first.values()),
         "ar_bytes_sent": [i["bytes_sent"] for i in ar_first.values()],
         "ar_server": ar_sm.stats.server,
+        "stage_same_weights": all(bool(np.array_equal(a, b)) for a, b in zip(ar_model.get_weights(), st_model.get_weights())),
+        "stage_server": st_sm.stats.server,
+        "stage_tasks": [sorted((p, i["executor_id"], i["pid"], i["task"]) for p, i in e.partitions.items())
+                        for e in st_sm.stats.epochs],
+        "stage_kept_in": sorted({str(i["stage_epochs"]["kept_in"]) for e in st_sm.stats.epochs for i in e.partitions.values()}),
         "retry_epochs": len(retry_hist.history["loss"]),
         "retry_acc": retry_acc,
         "retry_epoch_samples": [e.samples for e in retry_sm.stats.epochs],

@@ -58,3 +58,19 @@ def test_allreduce_across_executors(result):
     assert_ran_on_executors(result["ar_executor_ids"], result["ar_pids"], result["driver_pid"])
     assert result["ar_acc"] >= result["ref_acc"] - 0.02, result
     assert min(result["ar_bytes_sent"]) > 0 and result["ar_server"]["engine"] == "allreduce"
+
+
+def test_allreduce_runs_four_epochs_per_barrier_stage_across_executors(result):
+    """allreduce.epochsPerStage=4 on the two executors: 12 epochs in 3 stages, each rank one task
+    per stage (its executor, worker and task id the same for the stage's four epochs), the partition
+    kept in the executor's Spark local directory, and the weights of a stage per epoch bit for bit."""
+    assert result["stage_same_weights"] is True
+    server = result["stage_server"]
+    assert server["stages"] == 3 and server["epoch_ends_in_stage"] == 9, server
+    tasks = result["stage_tasks"]
+    assert len(tasks) == 12
+    for stage in range(3):
+        epochs = tasks[4 * stage: 4 * stage + 4]
+        assert all(e == epochs[0] for e in epochs), epochs  # one task per rank ran the stage's epochs
+        assert sorted(executor for _, executor, _, _ in epochs[0]) == ["0", "1"], epochs[0]
+    assert all("spark-" in d or "blockmgr" in d for d in result["stage_kept_in"]), result["stage_kept_in"]

@@ -134,7 +134,7 @@ class AllreduceTrainTask:
                 data = replay.first(chunks) if k == 0 else replay.again()
                 partial = self._train(run, data, link, group.rank, group.size, broadcast=k == 0)
                 partial.partitions[run.partition]["stage_epochs"] = {"index": k, "of": self.epochs,
-                                                                     "kept_bytes": replay.bytes}
+                                                                     "kept_bytes": replay.bytes, "kept_in": replay.directory}
                 if k == self.epochs - 1 or not group.epoch_end(epoch, partial.to_bytes()):
                     return partial
             raise AssertionError("unreachable")

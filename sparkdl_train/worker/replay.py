@@ -40,14 +40,14 @@ class Replay:
 
     def __init__(self, directory: str | None = None):
         self._file: IO[bytes] | None = None
-        self._directory = directory if directory is not None else local_dir()
+        self.directory = directory if directory is not None else local_dir()  # None: the system's temporary folder
         self._template: Batch | None = None
         self.chunks = 0
         self.bytes = 0
 
     def first(self, chunks: Iterable[Batch]) -> Iterator[Batch]:
         """``chunks`` as they come, each written to the file before it is handed on."""
-        self._file = tempfile.TemporaryFile(prefix="sparkdl_train-partition-", dir=self._directory)
+        self._file = tempfile.TemporaryFile(prefix="sparkdl_train-partition-", dir=self.directory)
         for chunk in chunks:
             leaves = [_plain(a) for a in tree_leaves(chunk)]
             if self._template is None:
