@@ -81,6 +81,35 @@ def killer(workdir, record):
         time.sleep(0.05)
 
 
+class KillRankBetweenEpochs:
+    """A Keras callback (built lazily: keras is imported by the fit) that, at the end of the first
+    epoch, hands rank 1's Python worker pid to :func:`killer` (which kills it at once)."""
+
+    def __new__(cls, sm, workdir):
+        import keras
+
+        class Kill(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                if epoch == 0:
+                    pid = sm.stats.epochs[-1].partitions[1]["pid"]
+                    with open(os.path.join(workdir, "pid.tmp"), "w") as f:
+                        f.write(str(pid))
+                    os.rename(os.path.join(workdir, "pid.tmp"), os.path.join(workdir, "pid"))
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline and _alive(pid):
+                        time.sleep(0.05)
+
+        return Kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
 def port_closed(address) -> bool:
     try:
         socket.create_connection(tuple(address), timeout=2).close()
@@ -102,6 +131,7 @@ def fit_record(stats) -> dict:
     out["epoch_executors"] = [sorted({str(i.get("executor_id")) for i in e.partitions.values()}) for e in stats.epochs]
     server = stats.server or {}
     out["epoch_retries"] = server.get("epoch_retries")
+    out["stages"] = server.get("stages")
     if "address" in server:
         out["server_port_closed"] = port_closed(server["address"])
     return out
@@ -120,8 +150,15 @@ def run_case(spark, name, make_sm, x, y, xt, yt, base):
     sm = make_sm(model)
     start = time.monotonic()
     out = {"name": name}
+    data, callbacks = flaky_rdd(spark.sparkContext, x, y, workdir), []
+    if sm.config.allreduce.epochs_per_stage > 1:
+        # a stage of several epochs reads its partitions once: kill rank 1 while it waits between epochs 1 and 2
+        # (its task then fails in the ring of epoch 2, and the engine re-runs the stage from the driver's epoch 1)
+        rows = list(zip(x, y))
+        data = spark.sparkContext.parallelize(range(2), 2).flatMap(lambda i: rows[i::2])
+        callbacks = [KillRankBetweenEpochs(sm, workdir)]
     try:
-        hist = sm.fit(flaky_rdd(spark.sparkContext, x, y, workdir), epochs=EPOCHS, batch_size=32, verbose=0)
+        hist = sm.fit(data, epochs=EPOCHS, batch_size=32, verbose=0, callbacks=callbacks)
         out.update(ok=True, epochs=len(hist.history["loss"]),
                    acc=model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"])
     except Exception as exc:  # noqa: BLE001
@@ -170,6 +207,8 @@ def main(master: str) -> None:
         "allreduce": lambda m: SparkModel(m, mode="allreduce", num_workers=2, allreduce_timeout=60, shuffle_buffer_size=128),
         "allreduce-no-retry": lambda m: SparkModel(m, mode="allreduce", num_workers=2, allreduce_timeout=60,
                                                    epoch_retries=0, shuffle_buffer_size=128),
+        "allreduce-stage": lambda m: SparkModel(m, mode="allreduce", num_workers=2, allreduce_timeout=60,
+                                                shuffle_buffer_size=128, epochs_per_stage=EPOCHS),
     }
     only = os.environ.get("FAULT_CASES")
     results = []

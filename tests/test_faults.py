@@ -51,6 +51,20 @@ def test_allreduce_reruns_the_barrier_stage_from_the_epoch_start(cases, referenc
     _released(case)
 
 
+def test_a_stage_of_several_epochs_reruns_from_the_last_epoch_the_driver_adopted(cases, reference_accuracy):
+    """Rank 1's worker killed while the ranks wait between epochs 1 and 2 of a three-epoch stage:
+    the stage fails in epoch 2's ring, and the engine re-runs epochs 2-3 as a new stage from the
+    state the driver adopted after epoch 1; no epoch lost or counted twice."""
+    n, by_name = cases
+    case = by_name["allreduce-stage"]
+    assert case["killed_pid"] and case["ok"], case.get("error")
+    assert case["epochs"] == EPOCHS and case["epoch_samples"] == [n] * EPOCHS
+    assert case["epoch_retries"] == 1 and case["stages"] == 2, case
+    assert case["acc"] >= reference_accuracy - 0.1, case
+    _on_executors(case)
+    _released(case)
+
+
 def test_allreduce_without_retries_fails_fast_and_clearly(cases):
     _, by_name = cases
     case = by_name["allreduce-no-retry"]
