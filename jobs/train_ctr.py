@@ -40,6 +40,9 @@ def parse_args(argv: list[str]) -> dict:
     p.add_argument("--mode", help="synchronous | asynchronous | hogwild | allreduce")
     p.add_argument("--frequency", help="epoch | batch | N")
     p.add_argument("--epochs", type=int)
+    p.add_argument("--validation-freq", type=int, dest="validation_freq",
+                   help="validate on the test rows every N epochs (default 1); with --conf "
+                        "spark.sparkdl_train.allreduce.epochsPerStage=K an allreduce stage runs up to N epochs")
     p.add_argument("--batch-size", type=int, dest="batch_size")
     p.add_argument("--workers", type=int, help="training partitions (default: default parallelism)")
     p.add_argument("--embed-dim", type=int, dest="embed_dim")
@@ -75,7 +78,8 @@ def communication(stats) -> dict:
     server = stats.server or {}
     if server.get("engine") == "allreduce":
         moved = server["bytes_sent"] + server["bytes_received"]
-        return {"engine": "allreduce", "bytes_per_step": moved / max(1, server["steps"]), "compression": server["compression"]}
+        return {"engine": "allreduce", "average": server["average"], "bytes_per_step": moved / max(1, server["steps"]),
+                "compression": server["compression"], "epochs_per_stage": server["epochs_per_stage"]}
     if "updates" in server:
         return {
             "engine": "parameter_server",
@@ -184,6 +188,7 @@ def main(argv: list[str], spark=None) -> dict:
     t1 = time.perf_counter()
     try:
         history = sm.fit(train, epochs=cfg["epochs"], batch_size=cfg["batch_size"], validation_data=test, verbose=1,
+                         validation_freq=cfg.get("validation_freq") or 1,
                          checkpoint_dir=cfg.get("checkpoint_dir"), mlflow=bool(cfg.get("mlflow")), **columns)
     except BaseException:
         if run is not None:
@@ -223,6 +228,7 @@ def main(argv: list[str], spark=None) -> dict:
         "train_seconds": train_seconds,
         "data_seconds": gen_seconds,
         "communication": comm,
+        "stages": (sm.stats.server or {}).get("stages"),  # allreduce: the barrier stages the epochs ran in
         "tls": sm.stats.tls,  # the fit's sockets used TLS (network.tls; auto: as Spark encrypts)
         "checkpoint_dir": cfg.get("checkpoint_dir"),
         "resumed_from_epoch": resumed_from,  # completed epochs the checkpoint held (None: a fresh start)

@@ -73,7 +73,7 @@ def _frequency(spark, df):
 
 
 def _frequency_allreduce(spark, df):
-    SparkModel(small(), mode="allreduce", frequency="epoch")
+    SparkModel(small(), mode="allreduce", frequency=4)
 
 
 def _batch_size_zero(spark, df):
@@ -297,7 +297,7 @@ CASES = [
     ("uncompiled model", _uncompiled, ModelError, ["compile"]),
     ("unknown mode", _mode, ConfigError, ["mode", "'gossip'"]),
     ("unknown frequency", _frequency, ConfigError, ["frequency", "'hourly'"]),
-    ("allreduce with frequency epoch", _frequency_allreduce, ConfigError, ["allreduce", "frequency"]),
+    ("allreduce with frequency 4", _frequency_allreduce, ConfigError, ["allreduce", "frequency", "not 4"]),
     ("batch size 0", _batch_size_zero, ConfigError, ["batch_size", "0"]),
     ("batch size negative", _batch_size_negative, ConfigError, ["batch_size", "-32"]),
     ("epochs 0", _epochs_zero, ConfigError, ["epochs"]),

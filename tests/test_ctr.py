@@ -175,6 +175,22 @@ def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, freq
     assert vocab.size == s["vocab_size"] == model.get_layer("field_embedding").input_dim
 
 
+def test_job_averages_through_the_ring_with_both_epochs_in_one_stage(spark, job, small_ctr, tmp_path):
+    """--mode allreduce --frequency epoch (model averaging through the ring) with
+    allreduce.epochsPerStage=2 from the Spark conf and --validation-freq 2: both epochs in one
+    barrier stage, validated once at the end, near the planted model's AUC."""
+    from helpers import spark_conf
+
+    argv = ["--data", small_ctr, "--mode", "allreduce", "--frequency", "epoch", "--epochs", "2", "--validation-freq", "2",
+            "--workers", "2", "--output", str(tmp_path)]
+    with spark_conf(spark.sparkContext, "spark.sparkdl_train.allreduce.epochsPerStage", "2"):
+        s = job.main(argv, spark=spark)
+    assert s["mode"] == "allreduce" and s["frequency"] == "epoch" and s["epochs"] == 2 and s["stages"] == 1, s
+    assert s["communication"]["average"] == "state" and s["communication"]["epochs_per_stage"] == 2
+    assert len(s["history"]["loss"]) == 2 and len(s["history"]["val_loss"]) == 1
+    assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, s
+
+
 @pytest.mark.slow
 def test_default_job_gets_within_0_02_of_the_bayes_optimal_auc(tmp_path):
     """README.md's Set-up command for the job, read from the README and run as written from a shell

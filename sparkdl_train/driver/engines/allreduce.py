@@ -119,7 +119,8 @@ class AllreduceEngine(Engine):
 
     def stats(self) -> dict[str, Any]:
         c = self.config
-        return {"engine": "allreduce", "ranks": self.workers, "compression": c.allreduce.compression or "none",
+        return {"engine": "allreduce", "average": self.average, "epochs_per_stage": self.epochs_per_stage,
+                "ranks": self.workers, "compression": c.allreduce.compression or "none",
                 "lr_scaling": c.allreduce.lr_scaling, **self.totals}
 
     def _ring_settings(self, round_: str) -> RingSettings:
