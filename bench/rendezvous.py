@@ -17,11 +17,8 @@ import os
 import statistics
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _session import session  # noqa: E402 - sets the paths and the executors' Python first
 
 
 def main() -> None:
@@ -34,14 +31,10 @@ def main() -> None:
     import numpy as np
     import pandas as pd
     from helpers import digits_split, make_mlp
-    from pyspark.sql import SparkSession
 
     from sparkdl_train import SparkModel
 
-    spark = (SparkSession.builder.master(args.master).config("spark.ui.enabled", "false")
-             .config("spark.python.daemon.module", "sparkdl_train.worker.daemon")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = session(args.master)
     x, y, _, _ = digits_split()
     df = spark.createDataFrame(pd.DataFrame({"features": list(x.astype("float64")), "label": y.astype("float64")})).repartition(2).cache()
     df.count()

@@ -71,6 +71,8 @@ def test_allreduce_without_retries_fails_fast_and_clearly(cases):
     assert case["killed_pid"] and not case["ok"]
     assert case["error_type"] == "WorkerError"
     assert "epoch 2/3" in case["error"] and "barrier" in case["error"]
-    assert "Python worker exited unexpectedly" in case["error"]
+    # whichever rank's failure reaches the driver first names the cause: the killed worker's crash, or its
+    # neighbour losing the ring's connection to it (both seen: CI at d204887 got rank 0's)
+    assert "Python worker exited unexpectedly" in case["error"] or "lost the connection to rank 1" in case["error"], case["error"]
     assert case["seconds_after_kill"] < 60  # well inside allreduce_timeout, nothing hangs
     _released(case)

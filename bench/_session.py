@@ -1,0 +1,28 @@
+"""What the allreduce benches share: imports from the checkout and tests/, executors on this Python,
+and a session on ``master`` with the tests' settings (the worker daemon, sockets on loopback)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def session(master: str):
+    """A SparkSession on ``master``; a local-cluster waits for all its executors and gives them the checkout."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+               .config("spark.python.daemon.module", "sparkdl_train.worker.daemon")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1"))
+    if master.startswith("local-cluster"):
+        builder = (builder.config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+                   .config("spark.executorEnv.PYTHONPATH", os.path.join(HERE, "..")))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
