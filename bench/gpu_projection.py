@@ -3,7 +3,7 @@ constants as docs/scaling.md gives them: the H200 step times measured with Keras
 (docs/gpu), 25 Gb/s, this machine's Spark, server and ring constants. Pure arithmetic (no Spark):
 prints one table per workload, the efficiency at 8, 64 and 256 workers and the bottleneck at 64.
 
-    python bench/gpu_projection.py [--gbps 25] [--epochs-per-stage 8]
+    python bench/gpu_projection.py [--gbps 25] [--epochs-per-stage 8] [--plot docs/scaling_gpu.png]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ RING = sm.Ring(call_s=1e-6, hop_s=49e-6)
 SPARK = sm.SparkCosts(stage_s=0.361, task_s=0.0023, rendezvous_s=0.0, merge_bytes_per_s=7.4e9, python_task_s=0.058)
 SERVER = sm.Server(request_s=133e-6, serial_bytes_per_s=3.16e9, row_s=47e-9)
 WORKERS = (8, 64, 256)
+CURVE = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def resnet(step_s: float, n: int) -> sm.Workload:
@@ -37,20 +38,48 @@ def deepfm(n: int) -> sm.Workload:
 
 
 def table(title: str, make, engines: list[sm.Engine], net: sm.Network) -> list[dict]:
+    """Print the efficiency at WORKERS; return every engine's curve over CURVE."""
     print(f"\n{title}")
     print(f"  {'engine':<44}" + "".join(f"{'N=' + str(n):>8}" for n in WORKERS) + "   bottleneck at 64")
     rows = []
     for e in engines:
         preds = [sm.predict(e, make(n), n, net, SERVER, RING, SPARK) for n in WORKERS]
         print(f"  {e.label:<44}" + "".join(f"{p.efficiency:>8.3f}" for p in preds) + f"   {preds[1].bottleneck}")
-        rows.append({"engine": e.label, **{str(n): p.efficiency for n, p in zip(WORKERS, preds)}})
+        rows.append({"engine": e.label, **{str(n): sm.predict(e, make(n), n, net, SERVER, RING, SPARK).efficiency for n in CURVE}})
     return rows
+
+
+def plot(out: dict, path: str, gbps: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(out), figsize=(6 * len(out), 5), sharey=True)
+    for ax, (title, rows) in zip(axes, out.items()):
+        for i, row in enumerate(rows):
+            style = "-" if "stage" in row["engine"] else "--"
+            ax.plot(CURVE, [row[str(n)] for n in CURVE], style, marker=".", label=row["engine"], color=plt.cm.tab10(i % 10))
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.05)
+        ax.axhline(0.85, color="grey", linewidth=0.5)
+        ax.axhline(0.80, color="grey", linewidth=0.5, linestyle=":")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("workers")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left")
+    axes[0].set_ylabel("projected scaling efficiency")
+    fig.suptitle(f"sparkdl_train on GPUs: H200 step times, {gbps:g} Gb/s, this project's measured constants "
+                 "(bench/gpu_projection.py)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gbps", type=float, default=25.0)
     ap.add_argument("--epochs-per-stage", type=int, default=8)
+    ap.add_argument("--plot", help="write the curves here (PNG)")
     args = ap.parse_args()
     net, k = sm.Network(args.gbps), args.epochs_per_stage
     print(f"bench/gpu_projection.py  {args.gbps:g} Gb/s, {k} epochs per stage where a stage runs several")
@@ -71,7 +100,10 @@ def main() -> None:
         sm.Engine("allreduce", average="state"),
         sm.Engine("allreduce", average="state", epochs_per_stage=k),
     ], net)
-    print("RESULT", out)
+    if args.plot:
+        plot(out, args.plot, args.gbps)
+    print("RESULT", {t: [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+                     for t, rows in out.items()})
 
 
 if __name__ == "__main__":

@@ -96,8 +96,12 @@ class AllreduceEngine(Engine):
             log.warning("allreduce: one epoch per stage: several (allreduce.epochsPerStage=%d) meet through the driver's "
                         "rendezvous server, which this fit does not use", per_stage)
         self.epochs_per_stage = per_stage if use else 1
-        # rank 0's EPOCH frame carries the state: its bytes, the partial's framing and some room
-        limit = sum(np.asarray(v).nbytes for v in get_state(model)) * 2 + (1 << 22) if self.epochs_per_stage > 1 else 0
+        # rank 0's EPOCH frame carries the state: its bytes (at least the weights and four slots each, should the
+        # optimizer not be built yet), the partial's framing and some room
+        limit = 0
+        if self.epochs_per_stage > 1:
+            weights = sum(np.asarray(v).nbytes for v in model.get_weights())
+            limit = max(2 * sum(np.asarray(v).nbytes for v in get_state(model)), 5 * weights) + (1 << 22)
         self.rendezvous = RendezvousServer(self.host, self.secret, config.allreduce.timeout,
                                            tls=new_identity("sparkdl_train rendezvous") if launch.tls else None,
                                            max_epoch_bytes=limit) if use else None
