@@ -40,11 +40,11 @@ def deepfm(n: int) -> sm.Workload:
 def table(title: str, make, engines: list[sm.Engine], net: sm.Network) -> list[dict]:
     """Print the efficiency at WORKERS; return every engine's curve over CURVE."""
     print(f"\n{title}")
-    print(f"  {'engine':<44}" + "".join(f"{'N=' + str(n):>8}" for n in WORKERS) + "   bottleneck at 64")
+    print(f"  {'engine':<54}" + "".join(f"{'N=' + str(n):>8}" for n in WORKERS) + "   bottleneck at 64")
     rows = []
     for e in engines:
         preds = [sm.predict(e, make(n), n, net, SERVER, RING, SPARK) for n in WORKERS]
-        print(f"  {e.label:<44}" + "".join(f"{p.efficiency:>8.3f}" for p in preds) + f"   {preds[1].bottleneck}")
+        print(f"  {e.label:<54}" + "".join(f"{p.efficiency:>8.3f}" for p in preds) + f"   {preds[1].bottleneck}")
         rows.append({"engine": e.label, **{str(n): sm.predict(e, make(n), n, net, SERVER, RING, SPARK).efficiency for n in CURVE}})
     return rows
 
@@ -99,6 +99,7 @@ def main() -> None:
         sm.Engine("allreduce", precision=4, epochs_per_stage=k),
         sm.Engine("allreduce", average="state"),
         sm.Engine("allreduce", average="state", epochs_per_stage=k),
+        sm.Engine("allreduce", average="state", epochs_per_stage=k, state_bytes=4),
     ], net)
     if args.plot:
         plot(out, args.plot, args.gbps)

@@ -31,6 +31,7 @@ from .modes import modes
 FREQUENCIES = ("epoch", "batch")
 COMPRESSIONS = (None, "none", "fp16", "bf16")
 LR_SCALINGS = ("none", "linear", "sqrt")
+STATE_SUMS = ("float64", "float32")
 NAN_POLICIES = ("fail", "skip", "ignore")
 CONF_PREFIX = "spark.sparkdl_train."
 PS_MODES = ("synchronous", "asynchronous", "hogwild")
@@ -418,6 +419,11 @@ class AllreduceConfig(_Group):
         "sends the state to the driver, which runs the callbacks and checkpoints as usual; a callback that changes the "
         "model's state (a learning-rate schedule) ends the stage and the next one starts from the driver's state. Needs "
         "the driver's rendezvous and no validation data (validation is a Spark job of its own between epochs).")
+    state_sums: str = setting(
+        "allreduce.stateSums", "float64", Choice(STATE_SUMS, "state_sums"),
+        "frequency='epoch' (model averaging through the ring): the type the ranks' weighted state travels and is "
+        "summed in. 'float64' gives mode='synchronous', frequency='epoch''s result exactly; 'float32' halves the bytes "
+        "(the mean agrees to float32's precision; integer counters stay exact).")
     rendezvous: str = setting(
         "allreduce.rendezvous", "driver", Choice(("driver", "spark"), "rendezvous"),
         "How the ranks of an epoch's barrier stage exchange their addresses: 'driver' through a rendezvous server in "
@@ -501,6 +507,9 @@ class EngineConfig:
         if core.mode == "allreduce" and core.frequency not in ("batch", "epoch"):
             raise ConfigError(f"mode 'allreduce' averages gradients every step (frequency='batch') or the model's state once "
                               f"per epoch (frequency='epoch'); not {core.frequency!r}")
+        if core.mode == "allreduce" and core.frequency == "batch" and groups["allreduce"].state_sums != "float64":
+            raise ConfigError("state_sums applies to frequency='epoch' (the model's state averaged through the ring); "
+                              "frequency='batch' averages gradients (see compression)")
         if core.mode == "allreduce" and core.frequency == "epoch":
             ar = groups["allreduce"]
             for name, inert in (("compression", (None, "none")), ("lr_scaling", ("none",))):

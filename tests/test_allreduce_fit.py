@@ -103,6 +103,8 @@ def test_allreduce_config_errors():
     for arg in ({"compression": "fp16"}, {"lr_scaling": "linear"}):  # gradients only
         with pytest.raises(ConfigError, match=f"{next(iter(arg))}=.* applies to gradients"):
             SparkModel(make_mlp(), mode="allreduce", frequency="epoch", **arg)
+    with pytest.raises(ConfigError, match="state_sums applies to frequency='epoch'"):
+        SparkModel(make_mlp(), mode="allreduce", state_sums="float32")
     with pytest.raises(ConfigError, match="compression"):
         SparkModel(make_mlp(), mode="allreduce", compression="int8")
     with pytest.raises(ConfigError, match="mode='allreduce' only"):
@@ -334,3 +336,12 @@ def test_ring_averaging_equals_spark_averaging_and_runs_many_epochs_per_stage(sp
         assert all(i["bytes_sent"] < 4 * 8 * sum(np.asarray(v).size for v in ring_model.optimizer.variables + ring_model.weights)
                    for i in e.partitions.values())
     assert all(len(d) == 1 for d in digests(type("S", (), {"stats": stats})))
+    # float32 sums: half the bytes on the ring, the same mean to float32's precision
+    model32 = make_mlp()
+    sm32 = SparkModel(model32, mode="allreduce", frequency="epoch", num_workers=2, seed=5, epochs_per_stage=3,
+                      state_sums="float32")
+    sm32.fit(rdd, epochs=3, batch_size=32, verbose=0)
+    for a, b in zip(ring_model.get_weights(), model32.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    sent = [sum(i["bytes_sent"] for i in e.partitions.values()) for s_ in (stats, sm32.stats) for e in s_.epochs[1:2]]
+    assert 0.45 < sent[1] / sent[0] < 0.6, sent  # epoch 2: no broadcast, the state's ring (and the counters) only

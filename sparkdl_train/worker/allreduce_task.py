@@ -66,6 +66,7 @@ class RingSettings:
     rendezvous: RendezvousSettings | None = None  # the driver's rendezvous server; None: Spark's allGather
     # "gradients": every step (Horovod); "state": each rank trains its partition, the model's state is averaged at the end
     average: str = "gradients"
+    state_sums: str = "float64"  # average="state": the type the weighted state is summed in on the ring
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,7 @@ class AllreduceTrainTask:
         samples, steps = run.run(chunks)
         t0 = time.perf_counter()
         if link is not None:
-            set_state(model, _average_state(get_state(model), link, rank, size, samples))
+            set_state(model, _average_state(get_state(model), link, rank, size, samples, np.dtype(self.ring.state_sums)))
         comm += time.perf_counter() - t0
         weights = [np.asarray(v.numpy()) for v in model.weights]
         info = run.info(
@@ -244,15 +245,17 @@ class AllreduceTrainTask:
                        metrics=get_metric_state(model) if samples else None, partitions={run.partition: info})
 
 
-def _average_state(arrays: list[np.ndarray], link: Any, rank: int, size: int, samples: int) -> list[np.ndarray]:
-    """The ranks' sample-weighted mean of the float ``arrays`` (float64 sums, as
-    :class:`~sparkdl_train.merge.WeightedMean` adds them) and the maximum of the others, on every
-    rank; a rank without samples contributes nothing. Unchanged if no rank had a sample."""
+def _average_state(arrays: list[np.ndarray], link: Any, rank: int, size: int, samples: int,
+                   sums: np.dtype = np.dtype(np.float64)) -> list[np.ndarray]:
+    """The ranks' sample-weighted mean of the float ``arrays`` (sums in ``sums``: float64 as
+    :class:`~sparkdl_train.merge.WeightedMean` adds them, or float32 for half the bytes) and the
+    maximum of the others, on every rank; a rank without samples contributes nothing. Unchanged if
+    no rank had a sample."""
     floats = [i for i, a in enumerate(arrays) if a.dtype.kind in "fc"]
     others = [i for i, a in enumerate(arrays) if a.dtype.kind not in "fc"]
-    buf = np.concatenate([*(np.asarray(arrays[i], np.float64).ravel() * samples for i in floats), [float(samples)]])
+    buf = np.concatenate([*(np.asarray(arrays[i], sums).ravel() * sums.type(samples) for i in floats), [sums.type(samples)]])
     ring.allreduce_sum(buf, link, rank, size)
-    total = buf[-1]
+    total = float(buf[-1])
     if total <= 0:
         return arrays
     out = list(arrays)

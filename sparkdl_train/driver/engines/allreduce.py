@@ -130,7 +130,7 @@ class AllreduceEngine(Engine):
     def _ring_settings(self, round_: str) -> RingSettings:
         c = self.config
         return RingSettings(
-            self.secret, average=self.average, timeout=c.allreduce.timeout, connect_timeout=c.core.connect_timeout,
+            self.secret, average=self.average, state_sums=c.allreduce.state_sums, timeout=c.allreduce.timeout, connect_timeout=c.core.connect_timeout,
             compression=None if c.allreduce.compression in (None, "none") else c.allreduce.compression, lr_scaling=c.allreduce.lr_scaling,
             tls=self.tls,
             rendezvous=None if self.rendezvous is None else RendezvousSettings(
