@@ -144,23 +144,15 @@ class AllreduceTrainTask:
 
     def _train(self, run: PartitionPass, chunks: Iterable[Batch], link: Any, rank: int, size: int,
                broadcast: bool = True) -> Partial:
-        s, r, model, partition = self.settings, self.ring, run.model, run.partition
+        s, r, model = self.settings, self.ring, run.model
         if r.average == "state":
             return self._train_local(run, chunks, link, rank, size, broadcast)
         factor = {"none": 1.0, "linear": float(size), "sqrt": math.sqrt(size)}[r.lr_scaling]
         base_lr = _scale_lr(model, factor)
         wire = {"fp16": np.float16, "bf16": ring.BF16}.get(r.compression)
 
-        # Horovod semantics: every rank starts from rank 0's weights and optimizer state
-        comm = 0.0
-        sent0, received0 = getattr(link, "bytes_sent", 0), getattr(link, "bytes_received", 0)  # this epoch's bytes
-        t0 = time.perf_counter()
-        if link is not None and broadcast:
-            state = _broadcast_arrays(get_state(model), link, rank, size)
-            if rank != 0:
-                set_state(model, state)
-        comm += time.perf_counter() - t0
-        run.startup["ring_broadcast"] = time.perf_counter() - t0
+        sent = _link_bytes(link)  # this epoch's bytes are counted from here
+        comm = _start_from_rank_0(run, link, rank, size, broadcast)
 
         step = cached_fused_step(model, s.batch_size)
         buf = np.empty(step.size, np.float32)
@@ -195,54 +187,55 @@ class AllreduceTrainTask:
         comm += time.perf_counter() - t0
         _scale_lr(model, 1.0, base_lr)
         run.finish(local_steps, samples)
-        weights = [np.asarray(v.numpy()) for v in model.weights]
-        info = run.info(
-            samples, local_steps,
-            rank=rank,
-            world_size=size,
-            global_steps=global_steps,
-            comm_seconds=round(comm, 4),
-            bytes_sent=getattr(link, "bytes_sent", 0) - sent0,
-            bytes_received=getattr(link, "bytes_received", 0) - received0,
-            weights_sha256=hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in weights)).hexdigest(),
-        )
-        return Partial(
-            samples=samples,
-            batches=local_steps,
-            # all ranks hold the same state: rank 0 reports it
-            model=WeightedMean.of(get_state(model), 1.0) if rank == 0 else WeightedMean(),
-            metrics=get_metric_state(model) if samples else None,
-            partitions={partition: info},
-        )
+        return _rank_partial(run, link, rank, size, samples, local_steps, global_steps, comm, sent)
 
 
     def _train_local(self, run: PartitionPass, chunks: Iterable[Batch], link: Any, rank: int, size: int,
                      broadcast: bool) -> Partial:
         """Model averaging through the ring: Keras' train step over the whole partition, then the
         sample-weighted mean of the state (integer counters: their maximum) on every rank."""
-        model, comm = run.model, 0.0
-        sent0, received0 = getattr(link, "bytes_sent", 0), getattr(link, "bytes_received", 0)
-        t0 = time.perf_counter()
-        if link is not None and broadcast:  # the stage starts from rank 0's state on every rank
-            state = _broadcast_arrays(get_state(model), link, rank, size)
-            if rank != 0:
-                set_state(model, state)
-            run.startup["ring_broadcast"] = time.perf_counter() - t0
-        comm += time.perf_counter() - t0
+        model = run.model
+        sent = _link_bytes(link)
+        comm = _start_from_rank_0(run, link, rank, size, broadcast)
         samples, steps = run.run(chunks)
         t0 = time.perf_counter()
         if link is not None:
             set_state(model, _average_state(get_state(model), link, rank, size, samples, np.dtype(self.ring.state_sums)))
         comm += time.perf_counter() - t0
-        weights = [np.asarray(v.numpy()) for v in model.weights]
-        info = run.info(
-            samples, steps, rank=rank, world_size=size, global_steps=steps, comm_seconds=round(comm, 4),
-            bytes_sent=getattr(link, "bytes_sent", 0) - sent0, bytes_received=getattr(link, "bytes_received", 0) - received0,
-            weights_sha256=hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in weights)).hexdigest(),
-        )
-        return Partial(samples=samples, batches=steps,
-                       model=WeightedMean.of(get_state(model), 1.0) if rank == 0 else WeightedMean(),
-                       metrics=get_metric_state(model) if samples else None, partitions={run.partition: info})
+        return _rank_partial(run, link, rank, size, samples, steps, steps, comm, sent)
+
+
+def _link_bytes(link: Any) -> tuple[int, int]:
+    return getattr(link, "bytes_sent", 0), getattr(link, "bytes_received", 0)
+
+
+def _start_from_rank_0(run: PartitionPass, link: Any, rank: int, size: int, broadcast: bool) -> float:
+    """Horovod semantics: a stage starts from rank 0's weights and optimizer state on every rank
+    (``broadcast``: its first epoch). Returns the seconds it took."""
+    t0 = time.perf_counter()
+    if link is not None and broadcast:
+        state = _broadcast_arrays(get_state(run.model), link, rank, size)
+        if rank != 0:
+            set_state(run.model, state)
+    run.startup["ring_broadcast"] = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def _rank_partial(run: PartitionPass, link: Any, rank: int, size: int, samples: int, steps: int, global_steps: int,
+                  comm: float, sent: tuple[int, int]) -> Partial:
+    """A rank's epoch: its statistics (bytes since ``sent``, a digest of its weights) and, from rank 0
+    only (every rank holds the same state), the state."""
+    model = run.model
+    weights = [np.asarray(v.numpy()) for v in model.weights]
+    now = _link_bytes(link)
+    info = run.info(
+        samples, steps, rank=rank, world_size=size, global_steps=global_steps, comm_seconds=round(comm, 4),
+        bytes_sent=now[0] - sent[0], bytes_received=now[1] - sent[1],
+        weights_sha256=hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in weights)).hexdigest(),
+    )
+    return Partial(samples=samples, batches=steps,
+                   model=WeightedMean.of(get_state(model), 1.0) if rank == 0 else WeightedMean(),
+                   metrics=get_metric_state(model) if samples else None, partitions={run.partition: info})
 
 
 def _average_state(arrays: list[np.ndarray], link: Any, rank: int, size: int, samples: int,
