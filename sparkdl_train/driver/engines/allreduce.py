@@ -157,12 +157,16 @@ class AllreduceEngine(Engine):
                 )
                 break
             except WorkerError as exc:
-                if not policy.should_retry(Cause(exc.cause) if exc.cause else None, attempt):
-                    raise
-                self.totals["epoch_retries"] += 1
-                log.warning("epoch %d: the barrier stage failed (%s); re-running it from the epoch's start (retry %d of %d)",
-                            epoch + 1, exc.message, attempt + 1, c.allreduce.epoch_retries)
+                self._retry_or_raise(exc, policy, attempt, epoch)
         return self._adopt(model, epoch, partial), stats
+
+    def _retry_or_raise(self, exc: WorkerError, policy: FailurePolicy, attempt: int, epoch: int) -> None:
+        """A failed barrier stage: re-raise ``exc`` unless ``policy`` retries its cause, then count the retry."""
+        if not policy.should_retry(Cause(exc.cause) if exc.cause else None, attempt):
+            raise exc
+        self.totals["epoch_retries"] += 1
+        log.warning("epoch %d: the barrier stage failed (%s); re-running it from the epoch's start (retry %d of %d)",
+                    epoch + 1, exc.message, attempt + 1, self.config.allreduce.epoch_retries)
 
     def _adopt(self, model: Any, epoch: int, partial: Partial) -> dict[str, Any]:
         """Check the ranks ended with one state, set it and the merged metrics on the driver's model."""
@@ -208,11 +212,7 @@ class AllreduceEngine(Engine):
             except WorkerError as exc:
                 stage.close(c.allreduce.timeout)
                 stage = self._stage = None
-                if not policy.should_retry(Cause(exc.cause) if exc.cause else None, attempt):
-                    raise
-                self.totals["epoch_retries"] += 1
-                log.warning("epoch %d: the barrier stage failed (%s); re-running it from the epoch's start (retry %d of %d)",
-                            epoch + 1, exc.message, attempt + 1, c.allreduce.epoch_retries)
+                self._retry_or_raise(exc, policy, attempt, epoch)
             except BaseException:
                 stage.close(c.allreduce.timeout, cancel=True)
                 self._stage = None
