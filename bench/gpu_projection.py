@@ -100,6 +100,7 @@ def main() -> None:
         sm.Engine("allreduce", average="state"),
         sm.Engine("allreduce", average="state", epochs_per_stage=k),
         sm.Engine("allreduce", average="state", epochs_per_stage=k, state_bytes=4),
+        sm.Engine("allreduce", average="state", epochs_per_stage=k, touches=True),
     ], net)
     if args.plot:
         plot(out, args.plot, args.gbps)

@@ -23,7 +23,8 @@ The engines and what each pays per unit of work (k = steps between pushes):
   between two of its epochs rank 0's state (weights and optimizer slots) goes to the driver.
   ``average="state"`` (``mode='allreduce', frequency='epoch'``): no exchange per step; per epoch
   the epoch's compute, its stragglers, and one ring allreduce of the state in float64 (or float32:
-  ``state_bytes=4``).
+  ``state_bytes=4``); ``touches`` adds one summed weight per table row (the lookup counts, taken
+  on the prefetch thread, cost no step time).
 
 Efficiency is ``samples/s(N) / (N · batch / c)``: the fraction of N independent single-worker
 steps the engine delivers (weak scaling: each worker keeps its batch size).
@@ -126,13 +127,15 @@ class Engine:
     epochs_per_stage: int = 1  # allreduce: epochs one barrier stage runs
     average: str = "gradients"  # allreduce: "gradients" every step, or the model's "state" once per epoch
     state_bytes: int = 8  # allreduce, average="state": bytes per summed value (8: float64, 4: float32)
+    touches: bool = False  # allreduce, average="state": table rows weighted by lookups (one summed weight per row)
 
     @property
     def label(self) -> str:
         if self.kind == "averaging":
             return "averaging/epoch"
         if self.kind == "allreduce":
-            what = (f"allreduce state/epoch{', float32 sums' if self.state_bytes == 4 else ''}" if self.average == "state"
+            what = (f"allreduce state/epoch{', float32 sums' if self.state_bytes == 4 else ''}"
+                    f"{', touches' if self.touches else ''}" if self.average == "state"
                     else f"allreduce fp{self.precision * 8}")
             return what + (f", {self.epochs_per_stage} epochs/stage" if self.epochs_per_stage > 1 else "")
         every = "epoch" if self.every is None else "batch" if self.every == 1 else str(self.every)
@@ -209,7 +212,8 @@ def predict(engine: Engine, w: Workload, n: int, net: Network, server: Server, r
             steps = w.steps_per_epoch
             slow = straggler(n, w.step_cv / math.sqrt(steps))
             parts = {"compute": steps * w.compute_s, "stragglers": steps * w.compute_s * (slow - 1.0),
-                     **ring_seconds(n, w.model_bytes * w.state_factor * engine.state_bytes / 4.0, net, ring),
+                     **ring_seconds(n, w.model_bytes * w.state_factor * engine.state_bytes / 4.0
+                                    + (w.table_rows * engine.state_bytes if engine.touches else 0.0), net, ring),
                      "spark": per_epoch}
             return _done(n, n * steps * w.batch / sum(parts.values()), ideal, parts)
         grad = w.model_bytes * engine.precision / 4.0

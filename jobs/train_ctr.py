@@ -41,8 +41,14 @@ def parse_args(argv: list[str]) -> dict:
     p.add_argument("--frequency", help="epoch | batch | N")
     p.add_argument("--epochs", type=int)
     p.add_argument("--validation-freq", type=int, dest="validation_freq",
-                   help="validate on the test rows every N epochs (default 1); with --conf "
-                        "spark.sparkdl_train.allreduce.epochsPerStage=K an allreduce stage runs up to N epochs")
+                   help="validate on the test rows every N epochs (default: after the last); an allreduce stage "
+                        "runs up to N epochs")
+    p.add_argument("--epochs-per-stage", type=int, dest="epochs_per_stage",
+                   help="allreduce: epochs one barrier stage runs at most (conf/train_ctr.json: 8); a stage also ends "
+                        "after each validation")
+    p.add_argument("--table-average", choices=["samples", "touches"], dest="table_average",
+                   help="allreduce --frequency epoch: weight each embedding row by the ranks' samples or by how often "
+                        "each looked the row up")
     p.add_argument("--batch-size", type=int, dest="batch_size")
     p.add_argument("--workers", type=int, help="training partitions (default: default parallelism)")
     p.add_argument("--embed-dim", type=int, dest="embed_dim")
@@ -65,10 +71,18 @@ def parse_args(argv: list[str]) -> dict:
     with open(config_path) as f:
         cfg = json.load(f)
     cfg.update({k: v for k, v in args.items() if v is not None})
-    if cfg["mode"] == "allreduce" and args.get("frequency") is None:
-        cfg["frequency"] = None  # the config file's push frequency is for the parameter server
-    freq = cfg.get("frequency")  # None: the mode's default ("batch" for allreduce, else "epoch")
+    freq = cfg.get("frequency")
+    if isinstance(freq, dict):  # the config file's frequency for each mode
+        freq = freq.get(cfg["mode"])
+    elif cfg["mode"] == "allreduce" and args.get("frequency") is None:
+        freq = None  # a single number in the config file is a parameter server's push frequency
+    # None: the mode's default ("batch" for allreduce, else "epoch")
     cfg["frequency"] = int(freq) if isinstance(freq, str) and freq.isdigit() else freq
+    # the ring's settings apply where the ring averages the state; given on the command line they always go to
+    # SparkModel, which refuses them in a mode they do not apply to
+    cfg["ring"] = {k: cfg.get(k) for k in ("epochs_per_stage", "table_average")
+                   if cfg.get(k) is not None and (args.get(k) is not None or (
+                       cfg["mode"] == "allreduce" and (k == "epochs_per_stage" or cfg["frequency"] == "epoch")))}
     return cfg
 
 
@@ -79,6 +93,8 @@ def communication(stats) -> dict:
     if server.get("engine") == "allreduce":
         moved = server["bytes_sent"] + server["bytes_received"]
         return {"engine": "allreduce", "average": server["average"], "bytes_per_step": moved / max(1, server["steps"]),
+                "bytes_per_epoch": moved / max(1, len(stats.epochs)), "stages": server.get("stages"),
+                "table_average": server.get("table_average"), "row_weighted_tables": server.get("row_weighted_tables"),
                 "compression": server["compression"], "epochs_per_stage": server["epochs_per_stage"]}
     if "updates" in server:
         return {
@@ -179,7 +195,8 @@ def main(argv: list[str], spark=None) -> dict:
         learning_rate=cfg["learning_rate"],
     )
     columns = {"feature_cols": {"numeric": "numeric", "categorical": "categorical"}, "label_col": "label"}
-    sm = SparkModel(model, mode=cfg["mode"], frequency=cfg["frequency"], num_workers=cfg.get("workers"), seed=cfg["seed"])
+    sm = SparkModel(model, mode=cfg["mode"], frequency=cfg["frequency"], num_workers=cfg.get("workers"), seed=cfg["seed"],
+                    **cfg["ring"])
     run = None
     if cfg.get("mlflow"):  # one run for the whole job: the fit logs into it, the job adds its test metrics and summary
         from sparkdl_train import mlflow as tracking
@@ -188,7 +205,7 @@ def main(argv: list[str], spark=None) -> dict:
     t1 = time.perf_counter()
     try:
         history = sm.fit(train, epochs=cfg["epochs"], batch_size=cfg["batch_size"], validation_data=test, verbose=1,
-                         validation_freq=cfg.get("validation_freq") or 1,
+                         validation_freq=cfg.get("validation_freq") or cfg["epochs"],
                          checkpoint_dir=cfg.get("checkpoint_dir"), mlflow=bool(cfg.get("mlflow")), **columns)
     except BaseException:
         if run is not None:
@@ -261,6 +278,9 @@ def main(argv: list[str], spark=None) -> dict:
             f"communication {comm['bytes_per_push'] / 1e3:.1f} kB per push with {len(comm['sparse_tables'])} sparse tables, "
             f"{comm['dense_bytes_per_push'] / 1e3:.1f} kB dense: {comm['dense_to_actual_bytes']:.1f}x fewer bytes"
         )
+    elif comm["engine"] == "allreduce" and comm["average"] == "state":
+        print(f"communication {comm['bytes_per_epoch'] / 1e6:.1f} MB per epoch (all ranks: the state averaged through the ring; "
+              f"{len(summary['history']['loss'])} epochs in {comm['stages']} barrier stage(s))")
     elif comm["engine"] == "allreduce":
         print(f"communication {comm['bytes_per_step'] / 1e3:.1f} kB per step (all ranks, dense gradients)")
     print(f"model saved   {model_path}")

@@ -32,6 +32,7 @@ FREQUENCIES = ("epoch", "batch")
 COMPRESSIONS = (None, "none", "fp16", "bf16")
 LR_SCALINGS = ("none", "linear", "sqrt")
 STATE_SUMS = ("float64", "float32")
+TABLE_AVERAGES = ("samples", "touches")
 NAN_POLICIES = ("fail", "skip", "ignore")
 CONF_PREFIX = "spark.sparkdl_train."
 PS_MODES = ("synchronous", "asynchronous", "hogwild")
@@ -424,6 +425,13 @@ class AllreduceConfig(_Group):
         "frequency='epoch' (model averaging through the ring): the type the ranks' weighted state travels and is "
         "summed in. 'float64' gives mode='synchronous', frequency='epoch''s result exactly; 'float32' halves the bytes "
         "(the mean agrees to float32's precision; integer counters stay exact).")
+    table_average: str = setting(
+        "allreduce.tableAverage", "samples", Choice(TABLE_AVERAGES, "table_average"),
+        "frequency='epoch': how the rows of an embedding table fed straight from a model input (and their optimizer "
+        "slots) are averaged. 'samples' weights every rank by its samples, like every other weight (what "
+        "mode='synchronous', frequency='epoch' does); 'touches' weights each row by how often each rank's batches "
+        "looked it up, so a row only some ranks trained is not pulled back towards the copies that never saw it "
+        "(rows no rank looked up: by samples). One more float per row on the ring.")
     rendezvous: str = setting(
         "allreduce.rendezvous", "driver", Choice(("driver", "spark"), "rendezvous"),
         "How the ranks of an epoch's barrier stage exchange their addresses: 'driver' through a rendezvous server in "
@@ -507,9 +515,11 @@ class EngineConfig:
         if core.mode == "allreduce" and core.frequency not in ("batch", "epoch"):
             raise ConfigError(f"mode 'allreduce' averages gradients every step (frequency='batch') or the model's state once "
                               f"per epoch (frequency='epoch'); not {core.frequency!r}")
-        if core.mode == "allreduce" and core.frequency == "batch" and groups["allreduce"].state_sums != "float64":
-            raise ConfigError("state_sums applies to frequency='epoch' (the model's state averaged through the ring); "
-                              "frequency='batch' averages gradients (see compression)")
+        if core.mode == "allreduce" and core.frequency == "batch":
+            for name, inert in (("state_sums", "float64"), ("table_average", "samples")):
+                if getattr(groups["allreduce"], name) != inert:
+                    raise ConfigError(f"{name} applies to frequency='epoch' (the model's state averaged through the ring); "
+                                      "frequency='batch' averages gradients (see compression)")
         if core.mode == "allreduce" and core.frequency == "epoch":
             ar = groups["allreduce"]
             for name, inert in (("compression", (None, "none")), ("lr_scaling", ("none",))):

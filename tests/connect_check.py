@@ -135,7 +135,7 @@ def engines(spark, out):
     # the session still works after the interrupt
     out["after_cancel_rows"] = int(spark.range(0, 10).count())
 
-    # the flagship's multi-input DeepFM on generated CTR data (a dict of columns), the job's default engine
+    # the flagship's multi-input DeepFM on generated CTR data (a dict of columns), the job's --mode asynchronous
     from pyspark.sql import functions as F
 
     from sparkdl_train.datasets import ctr as ctr_data

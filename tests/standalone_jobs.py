@@ -2,7 +2,7 @@
 shipped archive: three jobs in one application, so that the Workers' executors unpack the archive and
 import TensorFlow once for all three (each job's own assertions are the test's):
 
-* the flagship job, ``jobs/train_ctr.py`` (``--ctr`` arguments: allreduce, features from Parquet files);
+* the flagship job, ``jobs/train_ctr.py`` (``--ctr`` arguments: its default engine, features from Parquet files);
 * the image job, ``jobs/train_images.py`` (``--images`` arguments: PNG bytes decoded on the executors);
 * RDD fits of (x, y) rows, each as a user builds them, and where and how each ran (:func:`rdd_fits`):
 

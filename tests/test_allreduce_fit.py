@@ -345,3 +345,70 @@ def test_ring_averaging_equals_spark_averaging_and_runs_many_epochs_per_stage(sp
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     sent = [sum(i["bytes_sent"] for i in e.partitions.values()) for s_ in (stats, sm32.stats) for e in s_.epochs[1:2]]
     assert 0.45 < sent[1] / sent[0] < 0.6, sent  # epoch 2: no broadcast, the state's ring (and the counters) only
+
+
+def _embedding_model(seed=0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    h = keras.layers.Flatten()(keras.layers.Embedding(20, 4, name="table")(ids))
+    model = keras.Model(ids, keras.layers.Dense(1, activation="sigmoid")(h))
+    model.compile(keras.optimizers.Adam(0.05), "binary_crossentropy")
+    return model
+
+
+def test_touch_weighted_ring_averaging_keeps_rows_one_rank_trained(sc):
+    """table_average='touches': each rank trains its partition, then every row of the embedding table
+    (and its Adam slots) is the ranks' mean weighted by how often each looked it up; the dense weights
+    by samples. Equal to two single-process Keras fits averaged that way in numpy. With 'samples' a
+    row only one rank trained is pulled halfway back to the copy that never saw it."""
+    rng = np.random.default_rng(4)
+    parts = [rng.integers(0, 12, (96, 3)), rng.integers(8, 20, (64, 3))]  # ids 8-11 on both ranks
+    labels = [(p.sum(axis=1) % 2).astype(np.float32) for p in parts]
+    rows = [(x.astype(np.int32), y) for p, ys in zip(parts, labels) for x, y in zip(p, ys)]
+    rdd = sc.parallelize([rows[:96], rows[96:]], 2).flatMap(lambda part: part)
+    init = _embedding_model().get_weights()
+    ranks = []
+    for p, ys in zip(parts, labels):
+        ref = _embedding_model()
+        ref.set_weights(init)
+        ref.fit(p.astype(np.int32), ys, batch_size=16, shuffle=False, verbose=0)
+        ranks.append(ref)
+    counts = np.zeros((2, 20))
+    for r, p in enumerate(parts):
+        np.add.at(counts[r], p.ravel(), 1)
+    fits = {}
+    for how in ("touches", "samples"):
+        model = _embedding_model()
+        model.set_weights(init)
+        sm = SparkModel(model, mode="allreduce", frequency="epoch", num_workers=2, table_average=how)
+        sm.fit(rdd, epochs=1, batch_size=16, shuffle=False, verbose=0)
+        fits[how] = (model, sm.stats)
+    model, stats = fits["touches"]
+    assert stats.server["table_average"] == "touches" and stats.server["row_weighted_tables"] == ["table"]
+    n = np.array([96.0, 64.0])
+
+    def by_rows(arrays):
+        a = np.stack([np.asarray(x, np.float64) for x in arrays])
+        return (a * counts[:, :, None]).sum(axis=0) / counts.sum(axis=0)[:, None]
+
+    np.testing.assert_allclose(model.get_layer("table").embeddings.numpy(),
+                               by_rows([m.get_layer("table").embeddings.numpy() for m in ranks]), rtol=1e-5, atol=1e-6)
+    slots = {v.name: v for v in model.optimizer.variables}
+    for name in ("table_embeddings_momentum", "table_embeddings_velocity"):
+        ref_slots = [next(v for v in m.optimizer.variables if v.name.endswith(name)) for m in ranks]
+        got = next(v for k, v in slots.items() if k.endswith(name))
+        np.testing.assert_allclose(np.asarray(got), by_rows(ref_slots), rtol=1e-5, atol=1e-7)
+    dense = model.get_layer("dense") if "dense" in [layer.name for layer in model.layers] else model.layers[-1]
+    for got, *refs in zip(dense.get_weights(), *(m.layers[-1].get_weights() for m in ranks)):
+        np.testing.assert_allclose(got, (n[0] * refs[0] + n[1] * refs[1]) / n.sum(), rtol=1e-5, atol=1e-6)
+    assert int(np.asarray(model.optimizer.iterations)) == 96 // 16  # the longer partition's steps
+    # rows 0-7 only rank 0 looked up: its rows exactly with 'touches', diluted by samples with 'samples'
+    only0 = ranks[0].get_layer("table").embeddings.numpy()[:8]
+    np.testing.assert_allclose(model.get_layer("table").embeddings.numpy()[:8], only0, rtol=1e-5, atol=1e-6)
+    diluted = fits["samples"][0].get_layer("table").embeddings.numpy()[:8]
+    assert np.abs(diluted - only0).max() > 10 * np.abs(model.get_layer("table").embeddings.numpy()[:8] - only0).max() + 1e-3
+    assert fits["samples"][1].server["row_weighted_tables"] == []
+    with pytest.raises(ConfigError, match="table_average applies to frequency='epoch'"):
+        SparkModel(make_mlp(), mode="allreduce", table_average="touches")

@@ -75,7 +75,7 @@ def test_evaluate_and_predict_on_connect_equal_keras(engines):
 
 
 def test_ctr_deepfm_on_connect(engines):
-    """Multi-input DeepFM on the generated CTR data, the job's default engine: a useful AUC, the
+    """Multi-input DeepFM on the generated CTR data, the asynchronous parameter server: a useful AUC, the
     workers from the server's parallelism (asked with a query: the client has no SparkContext)."""
     r = engines["ctr"]
     assert r["workers"] == 2 and r["val_auc"] > 0.6 and r["val_auc"] <= r["bayes_auc"] + 0.01, r

@@ -130,7 +130,7 @@ SMALL_ROWS = 80_000
 
 
 @pytest.mark.parametrize(
-    "mode,frequency", [("synchronous", "epoch"), ("asynchronous", "4"), ("hogwild", "batch"), ("allreduce", None)]
+    "mode,frequency", [("synchronous", "epoch"), ("asynchronous", "4"), ("hogwild", "batch"), ("allreduce", "batch")]
 )
 def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, frequency, request):
     argv = ["--data", small_ctr, "--mode", mode, "--epochs", "1", "--workers", "2", "--output", str(tmp_path)]
@@ -156,7 +156,7 @@ def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, freq
         assert mlflow.models.get_model_info(f"runs:/{run.info.run_id}/model").signature is not None
     assert s["data_source"] == ("parquet" if mode == "hogwild" else "spark")
     assert s["mode"] == mode and s["workers"] == 2 and s["epochs"] == 1
-    assert s["frequency"] == {None: "batch", "epoch": "epoch", "4": 4, "batch": "batch"}[frequency]
+    assert s["frequency"] == {"epoch": "epoch", "4": 4, "batch": "batch"}[frequency]
     assert s["train_rows"] + s["test_rows"] == SMALL_ROWS
     assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, s  # small data: within 0.06 of the limit
     assert abs(s["test_auc"] - s["test_auc_keras"]) < 0.01  # Spark ML's exact AUC and Keras' binned AUC agree
@@ -176,19 +176,24 @@ def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, freq
 
 
 def test_job_averages_through_the_ring_with_both_epochs_in_one_stage(spark, job, small_ctr, tmp_path):
-    """--mode allreduce --frequency epoch (model averaging through the ring) with
-    allreduce.epochsPerStage=2 from the Spark conf and --validation-freq 2: both epochs in one
-    barrier stage, validated once at the end, near the planted model's AUC."""
-    from helpers import spark_conf
+    """The job's default engine (conf/train_ctr.json: model averaging through the ring, several
+    epochs per stage, validation after the last) with --table-average touches: both epochs in one
+    barrier stage, both embedding tables weighted by lookups, validated once at the end, near the
+    planted model's AUC. A ring setting given with a mode it does not apply to is refused."""
+    from sparkdl_train import ConfigError
 
-    argv = ["--data", small_ctr, "--mode", "allreduce", "--frequency", "epoch", "--epochs", "2", "--validation-freq", "2",
+    argv = ["--data", small_ctr, "--epochs", "2", "--epochs-per-stage", "2", "--table-average", "touches",
             "--workers", "2", "--output", str(tmp_path)]
-    with spark_conf(spark.sparkContext, "spark.sparkdl_train.allreduce.epochsPerStage", "2"):
-        s = job.main(argv, spark=spark)
+    s = job.main(argv, spark=spark)
     assert s["mode"] == "allreduce" and s["frequency"] == "epoch" and s["epochs"] == 2 and s["stages"] == 1, s
-    assert s["communication"]["average"] == "state" and s["communication"]["epochs_per_stage"] == 2
+    comm = s["communication"]
+    assert comm["average"] == "state" and comm["epochs_per_stage"] == 2 and comm["table_average"] == "touches"
+    assert comm["row_weighted_tables"] == ["field_embedding", "linear_embedding"]
     assert len(s["history"]["loss"]) == 2 and len(s["history"]["val_loss"]) == 1
     assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, s
+    with pytest.raises(ConfigError, match="table_average"):
+        job.main(["--data", small_ctr, "--mode", "asynchronous", "--table-average", "touches", "--output", str(tmp_path)],
+                 spark=spark)
 
 
 @pytest.mark.slow
@@ -196,21 +201,23 @@ def test_default_job_gets_within_0_02_of_the_bayes_optimal_auc(tmp_path):
     """README.md's Set-up command for the job, read from the README and run as written from a shell
     with no venv activated (no SPARK_HOME, PYSPARK_*, PYTHONPATH): `./run job` submits the job as
     shipped, with no --master, so it runs on the embedded default local[*] (conf/train_ctr.json: 1M
-    generated rows, DeepFM, asynchronous parameter server pushing every 4 batches, sparse embedding
-    rows, 2 epochs) and writes output/ in the caller's folder."""
+    generated rows, DeepFM, model averaging through the ring with both epochs in one barrier stage,
+    validation after the last) and writes output/ in the caller's folder."""
     (job,) = [c for c in readme.commands("Set-up") if c.startswith("./run job")]
     proc = readme.run(readme.substitute(job, {"./run ": os.path.join(ROOT, "run") + " "}), str(tmp_path), timeout=1500)
     out = proc.stdout + proc.stderr
     assert "test AUC" in proc.stdout and "Bayes-optimal" in proc.stdout, proc.stdout[-3000:]
     with open(tmp_path / "output" / "summary.json") as f:
         s = json.load(f)
-    assert s["train_rows"] + s["test_rows"] == 1_000_000 and s["mode"] == "asynchronous" and s["frequency"] == 4
+    assert s["train_rows"] + s["test_rows"] == 1_000_000 and s["mode"] == "allreduce" and s["frequency"] == "epoch"
     keys = ("test_auc", "bayes_auc", "test_logloss", "bayes_logloss", "workers", "epoch_samples", "history", "communication")
     detail = {k: s[k] for k in keys}  # shown on failure: a loaded CI run once ended 0.033 above Bayes' logloss
     assert s["bayes_auc"] - s["test_auc"] <= 0.02, detail
     assert s["test_logloss"] - s["bayes_logloss"] <= 0.03, detail
     comm = s["communication"]
-    assert comm["dense_to_actual_bytes"] > 3 and "fewer bytes" in out  # 4.6x on the reference machine
+    assert comm["average"] == "state" and comm["epochs_per_stage"] == 8 and s["stages"] == 1, comm
+    assert len(s["history"]["loss"]) == 2 and len(s["history"]["val_loss"]) == 1  # validated after the last epoch
+    assert "MB per epoch" in out and "2 epochs in 1 barrier stage" in out
     assert s["master"] == "local[*]" and s["executor_ids"] == ["driver"]
     # stderr is no terminal under spark-submit: progress comes as lines, not carriage-return redraws
     assert "\r" not in out and " samples/s - loss: " in out, out[-2000:]

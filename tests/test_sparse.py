@@ -5,14 +5,18 @@ import threading
 import keras
 import numpy as np
 import pytest
+from helpers import run_ranks
 
 from sparkdl_train import net
+from sparkdl_train.allreduce.local import MemoryRing
 from sparkdl_train.driver.sparse import find_tables
+from sparkdl_train.errors import DataError
 from sparkdl_train.ps import protocol as P
 from sparkdl_train.ps.client import PSClient
 from sparkdl_train.ps.server import ParameterServer
 from sparkdl_train.ps.state import ServerState, SparseRows, _sum_rows
-from sparkdl_train.worker.sparse import Lookahead, TableSync, unique_ids
+from sparkdl_train.worker.allreduce_task import _average_state
+from sparkdl_train.worker.sparse import Lookahead, TableSync, TouchCounts, unique_ids
 
 TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
 BIAS = np.zeros(4, np.float32)
@@ -316,3 +320,58 @@ def test_a_replys_dense_weights_are_one_flat_view_of_the_receive_buffer():
         np.testing.assert_array_equal(w.numpy(), a)
     assert _VariableIO.of(keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, dtype="float64"), keras.layers.Dense(2)]),
                           [0, 1, 2, 3], []) is None  # dense weights of two dtypes: the eager path
+
+
+def test_touch_counts_count_lookups_per_input_and_find_the_tables_optimizer_slots():
+    m = _two_input_model()
+    m.compile(keras.optimizers.Adam(0.01), "binary_crossentropy")
+    tables = find_tables(m)
+    counts = TouchCounts(tables)
+    batches = [({"ids": np.array([[1, 2, 2]]), "num": np.zeros((1, 2))}, np.zeros(1), None),
+               ({"ids": np.array([[2, 19, 0], [0, 0, 5]]), "num": np.zeros((2, 2))}, np.zeros(2), None)]
+    assert list(counts.track(iter(batches))) == batches  # passed through unchanged
+    expected = np.zeros(20)
+    np.add.at(expected, [1, 2, 2, 2, 19, 0, 0, 0, 5], 1)
+    np.testing.assert_array_equal(counts.of(tables[0]), expected)
+    m.fit({"ids": np.zeros((2, 3), np.int32), "num": np.zeros((2, 2))}, np.zeros(2), verbose=0)  # builds Adam's slots
+    (positions, c), = counts.state_rows(m)
+    state = [*m.weights, *m.optimizer.variables]
+    assert positions[0] == tables[0].index and len(positions) == 3  # the table, Adam's m and v for it
+    assert all(tuple(state[i].shape) == (20, 4) for i in positions) and c is counts.of(tables[0])
+    assert all("direct" in state[i].name for i in positions[1:])
+    bad = ({"ids": np.array([[1, 20, 2]]), "num": np.zeros((1, 2))}, np.zeros(1), None)
+    with pytest.raises(DataError, match="input 'ids' holds id 20, outside embedding table 'direct'"):
+        list(TouchCounts(tables).track(iter([bad])))
+
+
+@pytest.mark.parametrize("sums", ["float64", "float32"])
+def test_touch_weighted_average_weights_each_row_by_the_ranks_lookups(sums):
+    """Ranks' tables (and a slot of the same shape) averaged row by row, weighted by lookups; rows no
+    rank looked up and the other arrays by samples; the counter takes the maximum."""
+    rng = np.random.default_rng(3)
+    size, rows = 3, 6
+    samples = [10, 30, 0]
+    tables = [rng.standard_normal((rows, 2)).astype(np.float32) for _ in range(size)]
+    slots = [rng.standard_normal((rows, 2)).astype(np.float32) for _ in range(size)]
+    dense = [rng.standard_normal(5).astype(np.float32) for _ in range(size)]
+    counts = [np.array([4, 0, 1, 0, 0, 2.0]), np.array([0, 0, 3, 7, 0, 2.0]), np.zeros(rows)]
+    counters = [np.array(5, np.int64), np.array(9, np.int64), np.array(99, np.int64)]  # rank 2 had no samples
+    mem = MemoryRing(size)
+    out, errs = run_ranks(size, lambda r: _average_state(
+        [tables[r], dense[r], slots[r], counters[r]], mem.link(r), r, size, samples[r], np.dtype(sums),
+        rows=[([0, 2], counts[r])]))
+    assert errs == [None] * size
+    c = np.stack(counts)
+    touched = c.sum(axis=0) > 0
+    for arrays, got in ((tables, 0), (slots, 2)):
+        a = np.stack(arrays)
+        by_rows = (a * c[:, :, None]).sum(axis=0) / np.maximum(c.sum(axis=0), 1)[:, None]
+        by_samples = np.tensordot(np.array(samples, float), a, axes=1) / sum(samples)
+        expected = np.where(touched[:, None], by_rows, by_samples)
+        for r in range(size):
+            np.testing.assert_allclose(out[r][got], expected, rtol=1e-5, atol=1e-6)
+    for r in range(size):
+        np.testing.assert_allclose(out[r][1], (10 * dense[0] + 30 * dense[1]) / 40, rtol=1e-6)
+        assert int(out[r][3]) == 9 and out[r][0].dtype == np.float32
+        for a, b in zip(out[r], out[0]):
+            np.testing.assert_array_equal(a, b)  # the same on every rank

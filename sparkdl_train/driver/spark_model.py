@@ -83,6 +83,7 @@ class SparkModel:
         epoch_retries: int | None = None,
         epochs_per_stage: int | None = None,
         state_sums: str | None = None,
+        table_average: str | None = None,
         **settings: Any,
     ):
         given = dict(locals())  # the parameters as passed; each one is a declared setting (config.py)

@@ -31,7 +31,7 @@ import math
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from ..net.tls import TlsIdentity
 from .fused_step import cached_fused_step
 from .replay import Replay
 from .report import ReportSettings
+from .sparse import SparseTable, TouchCounts
 from .tasks import PartitionPass, Ref, StepSettings, on_task_device
 
 
@@ -67,6 +68,8 @@ class RingSettings:
     # "gradients": every step (Horovod); "state": each rank trains its partition, the model's state is averaged at the end
     average: str = "gradients"
     state_sums: str = "float64"  # average="state": the type the weighted state is summed in on the ring
+    # average="state": embedding tables whose rows (and optimizer slots) are weighted by the ranks' lookups
+    tables: tuple[SparseTable, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -197,10 +200,12 @@ class AllreduceTrainTask:
         model = run.model
         sent = _link_bytes(link)
         comm = _start_from_rank_0(run, link, rank, size, broadcast)
-        samples, steps = run.run(chunks)
+        counts = TouchCounts(self.ring.tables) if self.ring.tables else None
+        samples, steps = run.run(chunks, tap=counts.track if counts is not None else None)
         t0 = time.perf_counter()
         if link is not None:
-            set_state(model, _average_state(get_state(model), link, rank, size, samples, np.dtype(self.ring.state_sums)))
+            rows = counts.state_rows(model) if counts is not None else ()
+            set_state(model, _average_state(get_state(model), link, rank, size, samples, np.dtype(self.ring.state_sums), rows))
         comm += time.perf_counter() - t0
         return _rank_partial(run, link, rank, size, samples, steps, steps, comm, sent)
 
@@ -238,24 +243,54 @@ def _rank_partial(run: PartitionPass, link: Any, rank: int, size: int, samples: 
                    metrics=get_metric_state(model) if samples else None, partitions={run.partition: info})
 
 
+# a row no rank looked up is averaged by samples: each rank's weight for it is its samples times this,
+# too small to move a row some rank did look up (a count of at least 1)
+_UNTOUCHED = 2.0**-40
+
+
 def _average_state(arrays: list[np.ndarray], link: Any, rank: int, size: int, samples: int,
-                   sums: np.dtype = np.dtype(np.float64)) -> list[np.ndarray]:
+                   sums: np.dtype = np.dtype(np.float64),
+                   rows: Sequence[tuple[Sequence[int], np.ndarray]] = ()) -> list[np.ndarray]:
     """The ranks' sample-weighted mean of the float ``arrays`` (sums in ``sums``: float64 as
     :class:`~sparkdl_train.merge.WeightedMean` adds them, or float32 for half the bytes) and the
     maximum of the others, on every rank; a rank without samples contributes nothing. Unchanged if
-    no rank had a sample."""
+    no rank had a sample.
+
+    ``rows``: (positions in ``arrays``, this rank's count per row) for each embedding table: those
+    arrays are averaged row by row, each rank weighted by how often it looked the row up (rows no
+    rank looked up: by samples); the summed weights travel in the same ring."""
     floats = [i for i, a in enumerate(arrays) if a.dtype.kind in "fc"]
     others = [i for i, a in enumerate(arrays) if a.dtype.kind not in "fc"]
-    buf = np.concatenate([*(np.asarray(arrays[i], sums).ravel() * sums.type(samples) for i in floats), [sums.type(samples)]])
+    weights: list[np.ndarray] = []
+    row_weight: dict[int, int] = {}  # position in arrays -> its entry in weights
+    for positions, counts in rows:
+        weights.append((np.asarray(counts, np.float64) + _UNTOUCHED * samples) if samples else np.zeros(len(counts)))
+        row_weight.update({i: len(weights) - 1 for i in positions})
+
+    def weighted(i: int) -> np.ndarray:
+        a = np.asarray(arrays[i], sums)
+        if i in row_weight:
+            return (a * weights[row_weight[i]].astype(sums).reshape(-1, *(1,) * (a.ndim - 1))).ravel()
+        return a.ravel() * sums.type(samples)
+
+    buf = np.concatenate([*(weighted(i) for i in floats), *(w.astype(sums) for w in weights), [sums.type(samples)]])
     ring.allreduce_sum(buf, link, rank, size)
     total = float(buf[-1])
     if total <= 0:
         return arrays
+    summed, pos = [], buf.size - 1 - sum(len(w) for w in weights)
+    for w in weights:
+        summed.append(buf[pos : pos + len(w)])
+        pos += len(w)
     out = list(arrays)
     pos = 0
     for i in floats:
         a = arrays[i]
-        out[i] = np.asarray(buf[pos : pos + a.size].reshape(a.shape) / total, dtype=a.dtype)
+        part = buf[pos : pos + a.size].reshape(a.shape)
+        if i in row_weight:
+            out[i] = np.asarray(part / summed[row_weight[i]].reshape(-1, *(1,) * (a.ndim - 1)), dtype=a.dtype)
+        else:
+            out[i] = np.asarray(part / total, dtype=a.dtype)
         pos += a.size
     if others:  # each rank's integers in a slot of its own, summed: every rank sees all of them
         flat = np.concatenate([np.asarray(arrays[i], np.float64).ravel() for i in others])

@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import backend
 from ..data.batching import Batch
+from ..errors import DataError
 from ..ps.state import SparseRows
 
 
@@ -208,3 +209,50 @@ def _gather(var: Any, ids: np.ndarray) -> np.ndarray:
 def _scatter(var: Any, ids: np.ndarray, rows: np.ndarray) -> None:
     """``var[ids] = rows`` (the backend's in-place scatter where it has one)."""
     backend.current().scatter_rows(var, ids, rows)
+
+
+class TouchCounts:
+    """How many times this rank's batches looked up each row of each table (tables read by the
+    same input, a DeepFM's embedding and linear terms, share one count): the row weights of
+    model averaging with ``table_average="touches"``."""
+
+    def __init__(self, tables: Sequence[SparseTable]):
+        self.tables = tuple(tables)
+        self._reader: dict[tuple, SparseTable] = {}
+        for t in self.tables:
+            self._reader.setdefault(_input_of(t), t)
+        self._counts = {k: np.zeros(t.rows, np.float64) for k, t in self._reader.items()}
+
+    def track(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """Pass batches through, counting the rows each one looks up."""
+        for batch in batches:
+            for key, t in self._reader.items():
+                ids = t.ids(batch[0])
+                if len(ids) and (ids.min() < 0 or ids.max() >= t.rows):
+                    bad = ids[(ids < 0) | (ids >= t.rows)][0]
+                    raise DataError(f"input {t.input_key!r} holds id {int(bad)}, outside embedding table {t.name!r}'s "
+                                    f"{t.rows} rows")
+                np.add.at(self._counts[key], ids, 1.0)
+            yield batch
+
+    def of(self, table: SparseTable) -> np.ndarray:
+        return self._counts[_input_of(table)]
+
+    def state_rows(self, model: Any) -> list[tuple[list[int], np.ndarray]]:
+        """For each table: the positions in ``model_io.get_state(model)`` (the table, then its optimizer
+        slots: the optimizer's variables of the table's shape named after it, as Keras names them)
+        and the table's row counts."""
+        weights = list(model.weights)
+        slots = list(model.optimizer.variables) if getattr(model, "optimizer", None) is not None else []
+        out = []
+        for t in self.tables:
+            table = weights[t.index]
+            prefix = table.path.replace("/", "_") + "_"
+            shape = tuple(table.shape)
+            mine = [len(weights) + j for j, v in enumerate(slots) if tuple(v.shape) == shape and v.name.startswith(prefix)]
+            out.append(([t.index, *mine], self.of(t)))
+        return out
+
+
+def _input_of(t: SparseTable) -> tuple:
+    return (t.input_key, t.input_position, t.rows)

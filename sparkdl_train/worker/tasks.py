@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -196,11 +196,13 @@ class PartitionPass:
         self.screen = Screen(self.settings.nan_policy, self.partition, self.model)
         self.reporter = Reporter(report, self.partition)
 
-    def batches(self, chunks: Iterable[Batch]) -> Iterable[Batch]:
+    def batches(self, chunks: Iterable[Batch], tap: Callable[[Iterable[Batch]], Iterable[Batch]] | None = None) -> Iterable[Batch]:
+        """The partition's batches, read ahead on a thread; ``tap`` sees each batch on that thread
+        (e.g. counting the rows it looks up) before the step does."""
         s = self.settings
         shuffle = self.training and s.shuffle
-        return self._first_batch_timed(
-            prefetch(rebatch(self.screen(chunks), s.batch_size, shuffle=shuffle, buffer_rows=s.shuffle_buffer_size, rng=self.rng)))
+        batches = rebatch(self.screen(chunks), s.batch_size, shuffle=shuffle, buffer_rows=s.shuffle_buffer_size, rng=self.rng)
+        return self._first_batch_timed(prefetch(tap(batches) if tap is not None else batches))
 
     def _first_batch_timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         try:
@@ -219,9 +221,9 @@ class PartitionPass:
             return None
         return lambda steps, samples: self.reporter(steps, samples, self.model)
 
-    def run(self, chunks: Iterable[Batch]) -> tuple[int, int]:
+    def run(self, chunks: Iterable[Batch], tap: Callable[[Iterable[Batch]], Iterable[Batch]] | None = None) -> tuple[int, int]:
         """Keras' own train (or test) step over the whole partition; returns ``(samples, steps)``."""
-        samples, steps = run_steps(self.model, self.batches(chunks), training=self.training, on_batch=self.on_batch(),
+        samples, steps = run_steps(self.model, self.batches(chunks, tap), training=self.training, on_batch=self.on_batch(),
                                    group=self.settings.group, tally=self.tally,
                                    startup=self.startup)
         self.finish(steps, samples)

@@ -15,6 +15,7 @@ one from the driver's state. A stage that fails is re-run from the last epoch th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import time
@@ -36,6 +37,7 @@ from ..background import SparkCall
 from ..connect import check_reachable, is_connect
 from ..executors import locate
 from ..rendezvous import RendezvousServer
+from ..sparse import find_tables
 from ..stats import EpochStats
 from .base import Engine, EpochContext, Launch, driver_host, run_epoch
 from .slots import barrier_slots, check_barrier_launch
@@ -247,6 +249,21 @@ class RingAveragingEngine(AllreduceEngine):
     @classmethod
     def steps_per_call(cls, config: EngineConfig) -> int:
         return config.core.steps_per_execution
+
+    def __init__(self, config: EngineConfig, model: Any, sc: Any, launch: Launch):
+        super().__init__(config, model, sc, launch)
+        # allreduce.tableAverage='touches': the tables whose rows are weighted by the ranks' lookups
+        self.tables = find_tables(model) if config.allreduce.table_average == "touches" else ()
+        if config.allreduce.table_average == "touches" and not self.tables:
+            log.warning("table_average='touches': the model has no trainable embedding table read straight from an "
+                        "input, so every weight is averaged by samples")
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "table_average": self.config.allreduce.table_average,
+                "row_weighted_tables": [t.name for t in self.tables]}
+
+    def _ring_settings(self, round_: str) -> RingSettings:
+        return dataclasses.replace(super()._ring_settings(round_), tables=self.tables)
 
 
 class _Stage:
