@@ -285,6 +285,7 @@ VALIDATED = [
     (sm.Engine("ps", "asynchronous", 4), {"mode": "asynchronous", "frequency": 4}),
     (sm.Engine("ps", "hogwild", 1), {"mode": "hogwild", "frequency": "batch"}),
     (sm.Engine("allreduce"), {"mode": "allreduce"}),
+    (sm.Engine("allreduce", average="state"), {"mode": "allreduce", "frequency": "epoch"}),
 ]
 VALIDATION_BATCH = 256
 
@@ -457,9 +458,9 @@ def project(ctr: sm.Workload, dense: sm.Workload, server: sm.Server, ring: sm.Ri
             table = sm.sweep(sm.ENGINES, w, net, server, ring, spark)
             projections[f"{w.name} @ {gbps} Gb/s"] = {k: [vars(x) for x in v] for k, v in table.items()}
             print(f"\n{w.name} at {gbps} Gb/s: efficiency (bottleneck at 64 workers)")
-            print(f"  {'engine':<26}" + "".join(f"{n:>7}" for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)))
+            print(f"  {'engine':<40}" + "".join(f"{n:>7}" for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)))
             for label, preds in table.items():
-                print(f"  {label:<26}" + "".join(f"{x.efficiency:>7.2f}" for x in preds) + f"   {preds[6].bottleneck}")
+                print(f"  {label:<40}" + "".join(f"{x.efficiency:>7.2f}" for x in preds) + f"   {preds[6].bottleneck}")
     if plot_path:
         plot(projections, plot_path)
     return projections
@@ -469,12 +470,12 @@ def print_checks(checks: list[dict]) -> None:
     print(f"\nvalidation (calibration rows, on {checks[0]['master']}: compute per step from averaging, a "
           "worker's own push cost and the rows a push carries from asynchronous PS/batch and PS/4, all with 1 "
           "worker):")
-    print(f"  {'master':<24}{'engine':<26}{'N':>3}{'daemons':>8}{'measured/s':>12}{'predicted/s':>13}{'ratio':>7}"
+    print(f"  {'master':<24}{'engine':<40}{'N':>3}{'daemons':>8}{'measured/s':>12}{'predicted/s':>13}{'ratio':>7}"
           f"{'kB/push meas.':>15}{'pred.':>8}  bottleneck")
     for c in checks:
         kb = (f"{c['push_bytes_measured'] / 1e3:>15.0f}{c['push_bytes_predicted'] / 1e3:>8.0f}"
               if "push_bytes_measured" in c else f"{'':>23}")
-        print(f"  {c['master']:<24}{c['engine']:<26}{c['workers']:>3}{len(c['daemons']):>8}{c['samples_per_s']:>12.0f}"
+        print(f"  {c['master']:<24}{c['engine']:<40}{c['workers']:>3}{len(c['daemons']):>8}{c['samples_per_s']:>12.0f}"
               f"{c['predicted']:>13.0f}{c['ratio']:>7.2f}{kb}  {c['bottleneck']}"
               f"{'  (calibration)' if c['calibration'] else ''}", flush=True)
     ratios = [c["ratio"] for c in checks if not c["calibration"]]

@@ -128,6 +128,10 @@ class Engine:
     average: str = "gradients"  # allreduce: "gradients" every step, or the model's "state" once per epoch
     state_bytes: int = 8  # allreduce, average="state": bytes per summed value (8: float64, 4: float32)
     touches: bool = False  # allreduce, average="state": table rows weighted by lookups (one summed weight per row)
+    # allreduce of gradients, designs not built here (what the goals would need; docs/scaling.md):
+    overlap: float = 0.0  # the share of a step's compute the exchange can hide behind (buckets sent during backward)
+    hop_s: float | None = None  # a collective library's own cost per hop in place of this project's ring's
+    gpus_per_node: int = 1  # hierarchical: reduced within a node for free (NVLink), the ring runs across nodes
 
     @property
     def label(self) -> str:
@@ -137,7 +141,10 @@ class Engine:
             what = (f"allreduce state/epoch{', float32 sums' if self.state_bytes == 4 else ''}"
                     f"{', touches' if self.touches else ''}" if self.average == "state"
                     else f"allreduce fp{self.precision * 8}")
-            return what + (f", {self.epochs_per_stage} epochs/stage" if self.epochs_per_stage > 1 else "")
+            extra = ((f", overlap {self.overlap:.2f}" if self.overlap else "")
+                     + (f", hop {self.hop_s * 1e6:g} us" if self.hop_s is not None else "")
+                     + (f", {self.gpus_per_node} GPUs/node" if self.gpus_per_node > 1 else ""))
+            return what + extra + (f", {self.epochs_per_stage} epochs/stage" if self.epochs_per_stage > 1 else "")
         every = "epoch" if self.every is None else "batch" if self.every == 1 else str(self.every)
         return f"{self.mode} PS/{every}{'' if self.sparse else ' dense'}"
 
@@ -217,7 +224,14 @@ def predict(engine: Engine, w: Workload, n: int, net: Network, server: Server, r
                      "spark": per_epoch}
             return _done(n, n * steps * w.batch / sum(parts.values()), ideal, parts)
         grad = w.model_bytes * engine.precision / 4.0
-        step = {"compute": w.compute_s, "stragglers": w.compute_s * (slow - 1.0), **ring_seconds(n, grad, net, ring)}
+        nodes = max(1, math.ceil(n / engine.gpus_per_node))
+        hops = ring if engine.hop_s is None else replace(ring, hop_s=engine.hop_s)
+        comm = ring_seconds(nodes, grad, net, hops)
+        if engine.overlap > 0:  # what runs while the backward pass still computes is hidden
+            total = sum(comm.values())
+            exposed = max(0.0, total - engine.overlap * w.compute_s)
+            comm = {k: v * exposed / total for k, v in comm.items()} if total > 0 else comm
+        step = {"compute": w.compute_s, "stragglers": w.compute_s * (slow - 1.0), **comm}
         step["spark"] = per_epoch / w.steps_per_epoch
         return _done(n, n * w.batch / sum(step.values()), ideal, step)
     if engine.kind == "ps":
@@ -316,4 +330,5 @@ ENGINES = [
     Engine("ps", "hogwild", 1), Engine("ps", "hogwild", 4), Engine("ps", "hogwild", None),
     Engine("ps", "hogwild", 4, sparse=False),
     Engine("allreduce", precision=4), Engine("allreduce", precision=2),
+    Engine("allreduce", average="state"), Engine("allreduce", average="state", epochs_per_stage=8),
 ]

@@ -308,5 +308,7 @@ def test_job_resumes_after_its_driver_is_killed_with_the_uninterrupted_result(tm
     b = keras.saving.load_model(s["model_path"]).get_weights()
     for x, y in zip(a, b):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
-    assert s["test_auc"] == pytest.approx(ref["test_auc"], abs=1e-5)
+    # the same weights score the same: Spark ML's AUC over every distinct score (numBins=0; binned, the
+    # area moved by 1e-5 with the sorted scores' partitioning)
+    assert s["test_auc"] == pytest.approx(ref["test_auc"], abs=1e-9)
 

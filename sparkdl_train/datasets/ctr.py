@@ -175,7 +175,7 @@ def bayes_metrics(df: Any) -> dict[str, float]:
     from pyspark.sql import functions as F
 
     d = df.select(F.col("label").cast("double").alias("label"), F.col("p_true"))
-    auc = BinaryClassificationEvaluator(rawPredictionCol="p_true", labelCol="label", metricName="areaUnderROC").evaluate(d)
+    auc = BinaryClassificationEvaluator(rawPredictionCol="p_true", labelCol="label", metricName="areaUnderROC", numBins=0).evaluate(d)
     eps = 1e-7
     p = F.least(F.greatest(F.col("p_true"), F.lit(eps)), F.lit(1 - eps))
     ll = d.select(F.mean(-(F.col("label") * F.log(p) + (1 - F.col("label")) * F.log(1 - p)))).first()[0]
