@@ -25,6 +25,7 @@ import numpy as np
 from .. import backend
 from ..data.batching import Batch
 from ..errors import DataError
+from ..model_io import state_variables
 from ..ps.state import SparseRows
 
 
@@ -131,7 +132,7 @@ class TableSync:
         out: dict[int, np.ndarray] = {}
         done: dict[tuple, np.ndarray] = {}
         for t in self.tables:
-            key = (t.input_key, t.input_position, t.rows)
+            key = _input_of(t)
             if key not in done:
                 ids = [t.ids(b[0]) for b in window]
                 done[key] = _wire_ids(unique_ids(np.concatenate(ids) if ids else np.zeros(0, np.int64), t.rows), t.rows)
@@ -242,14 +243,14 @@ class TouchCounts:
         """For each table: the positions in ``model_io.get_state(model)`` (the table, then its optimizer
         slots: the optimizer's variables of the table's shape named after it, as Keras names them)
         and the table's row counts."""
-        weights = list(model.weights)
-        slots = list(model.optimizer.variables) if getattr(model, "optimizer", None) is not None else []
+        variables = state_variables(model)
+        first_slot = len(model.weights)
         out = []
         for t in self.tables:
-            table = weights[t.index]
+            table = variables[t.index]
             prefix = table.path.replace("/", "_") + "_"
-            shape = tuple(table.shape)
-            mine = [len(weights) + j for j, v in enumerate(slots) if tuple(v.shape) == shape and v.name.startswith(prefix)]
+            mine = [i for i, v in enumerate(variables[first_slot:], first_slot)
+                    if tuple(v.shape) == tuple(table.shape) and v.name.startswith(prefix)]
             out.append(([t.index, *mine], self.of(t)))
         return out
 
