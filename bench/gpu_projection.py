@@ -75,6 +75,9 @@ def plot(out: dict, path: str, gbps: float) -> None:
     fig.savefig(path, dpi=100)
 
 
+BUCKET = 4 << 20  # bench/overlap.py's buckets
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gbps", type=float, default=25.0)
@@ -88,11 +91,13 @@ def main() -> None:
         out[name] = table(name, lambda n, s=step: resnet(s, n), [
             sm.Engine("allreduce", precision=precision),
             sm.Engine("allreduce", precision=precision, epochs_per_stage=k),
-            # not built: buckets reduced during the backward pass (about 2/3 of a step), a collective
-            # library's hops (NCCL-class, reading device memory), and 8 GPUs per node reduced over NVLink
-            sm.Engine("allreduce", precision=precision, epochs_per_stage=k, overlap=2 / 3),
-            sm.Engine("allreduce", precision=precision, epochs_per_stage=k, overlap=2 / 3, hop_s=5e-6),
-            sm.Engine("allreduce", precision=precision, epochs_per_stage=k, overlap=2 / 3, hop_s=5e-6, gpus_per_node=8),
+            # buckets of 4 MiB reduced during the backward pass (about 2/3 of a step; allreduce.bucketBytes,
+            # TensorFlow), then, not built: a collective library's hops (NCCL-class, reading device
+            # memory), and 8 GPUs per node reduced over NVLink
+            sm.Engine("allreduce", precision=precision, epochs_per_stage=k, overlap=2 / 3, bucket_bytes=BUCKET),
+            sm.Engine("allreduce", precision=precision, epochs_per_stage=k, overlap=2 / 3, bucket_bytes=BUCKET, hop_s=5e-6),
+            sm.Engine("allreduce", precision=precision, epochs_per_stage=k, overlap=2 / 3, bucket_bytes=BUCKET, hop_s=5e-6,
+                      gpus_per_node=8),
             sm.Engine("averaging"),
             sm.Engine("allreduce", average="state", epochs_per_stage=k),
         ], net)

@@ -76,6 +76,11 @@ class Workload:
     touched_rows_1: float = 0.0
     touch_exponent: float = 1.0
     state_factor: float = 3.0  # the state (weights and optimizer slots) over the weights: 3 for Adam
+    # a call of the compiled step costs this beyond its steps (the call, its batch's hand-over): spread
+    # over the steps of a call (worker.stepsPerExecution groups them; a push every k steps allows
+    # k), and paid every step by allreduce's fused step, whose two calls and copies cost fused_call_s
+    call_s: float = 0.0
+    fused_call_s: float = 0.0
 
     @property
     def model_bytes(self) -> float:
@@ -130,6 +135,9 @@ class Engine:
     touches: bool = False  # allreduce, average="state": table rows weighted by lookups (one summed weight per row)
     # allreduce of gradients, designs not built here (what the goals would need; docs/scaling.md):
     overlap: float = 0.0  # the share of a step's compute the exchange can hide behind (buckets sent during backward)
+    # overlap's bucket size (allreduce.bucketBytes): the last bucket (the first layers) leaves when the
+    # backward pass ends, so at least its share of the exchange stays exposed; 0: no such floor
+    bucket_bytes: int = 0
     hop_s: float | None = None  # a collective library's own cost per hop in place of this project's ring's
     gpus_per_node: int = 1  # hierarchical: reduced within a node for free (NVLink), the ring runs across nodes
 
@@ -142,6 +150,7 @@ class Engine:
                     f"{', touches' if self.touches else ''}" if self.average == "state"
                     else f"allreduce fp{self.precision * 8}")
             extra = ((f", overlap {self.overlap:.2f}" if self.overlap else "")
+                     + (f", {self.bucket_bytes / 2**20:g} MiB buckets" if self.overlap and self.bucket_bytes else "")
                      + (f", hop {self.hop_s * 1e6:g} us" if self.hop_s is not None else "")
                      + (f", {self.gpus_per_node} GPUs/node" if self.gpus_per_node > 1 else ""))
             return what + extra + (f", {self.epochs_per_stage} epochs/stage" if self.epochs_per_stage > 1 else "")
@@ -198,9 +207,29 @@ def _mdl_wait(rho: float, service: float) -> float:
     return math.inf if rho >= 1.0 else rho * service / (2.0 * (1.0 - rho))
 
 
+STEPS_PER_EXECUTION = 16  # worker.stepsPerExecution's default
+
+
+def steps_per_call(engine: Engine) -> int:
+    """Steps one call of a worker's compiled step runs: the engine's group (as the engines choose it)."""
+    if engine.kind == "allreduce" and engine.average == "gradients":
+        return 1
+    if engine.kind == "ps" and engine.every is not None:  # the largest divisor of the push interval up to the group
+        return max(d for d in range(1, min(engine.every, STEPS_PER_EXECUTION) + 1) if engine.every % d == 0)
+    return STEPS_PER_EXECUTION
+
+
+def compute_per_step(engine: Engine, w: Workload) -> float:
+    """A worker's seconds per step under ``engine``: compute plus its share of the per-call cost."""
+    if engine.kind == "allreduce" and engine.average == "gradients":
+        return w.compute_s + w.fused_call_s
+    return w.compute_s + w.call_s / steps_per_call(engine)
+
+
 def predict(engine: Engine, w: Workload, n: int, net: Network, server: Server, ring: Ring,
             spark: SparkCosts) -> Prediction:
-    ideal = n * w.batch / w.compute_s
+    ideal = n * w.batch / (w.compute_s + w.call_s / STEPS_PER_EXECUTION)  # the best a worker does alone
+    w = replace(w, compute_s=compute_per_step(engine, w), call_s=0.0, fused_call_s=0.0)
     slow = straggler(n, w.step_cv)
     if engine.kind == "averaging":
         steps = w.steps_per_epoch
@@ -229,7 +258,8 @@ def predict(engine: Engine, w: Workload, n: int, net: Network, server: Server, r
         comm = ring_seconds(nodes, grad, net, hops)
         if engine.overlap > 0:  # what runs while the backward pass still computes is hidden
             total = sum(comm.values())
-            exposed = max(0.0, total - engine.overlap * w.compute_s)
+            last = min(1.0, engine.bucket_bytes / grad) if engine.bucket_bytes else 0.0
+            exposed = max(total * last, total - engine.overlap * w.compute_s)
             comm = {k: v * exposed / total for k, v in comm.items()} if total > 0 else comm
         step = {"compute": w.compute_s, "stragglers": w.compute_s * (slow - 1.0), **comm}
         step["spark"] = per_epoch / w.steps_per_epoch

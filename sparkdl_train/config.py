@@ -383,6 +383,13 @@ class ParameterServerConfig(_Group):
         "Push only the embedding rows a worker's batches touched and pull only the rows its next batches look up, for "
         "every Embedding fed straight from a model input (None: whenever there is one; False: whole tables).",
         inert=(None, False))
+    table_shards: int = setting(
+        "ps.tableShards", 1, Int(1),
+        "Row ranges each embedding table of the server is cut into, each under its own lock: a push's rows are "
+        "added and its reply's rows gathered range by range outside the server's lock, so pushes run their row "
+        "copies on several of the driver's cores at once. A reply is then consistent within each range (another "
+        "push may have reached one range and not yet the next); a synchronous round's rows still reach readers whole. "
+        "1: every row under the server's one lock.", inert=(1,))
     round_timeout: float = setting(
         "ps.roundTimeout", 600.0, Seconds(), "Seconds a synchronous round waits for every worker.", argument=False)
     join_timeout: float = setting(
@@ -410,6 +417,13 @@ class AllreduceConfig(_Group):
         "allreduce.compression", None, Choice(COMPRESSIONS, "compression"),
         "'fp16' sends gradients as float16, 'bf16' as bfloat16 (half the bytes either way; bfloat16 keeps float32's "
         "range, so large gradients cannot overflow; sums are added in float32).", inert=(None, "none"))
+    bucket_bytes: int = setting(
+        "allreduce.bucketBytes", 0, Int(0),
+        "frequency='batch', TensorFlow: gradients leave in buckets of about this many bytes (whole weights, from the "
+        "last layer backwards) as the backward pass produces them, and a thread reduces them through the ring while "
+        "the earlier layers' gradients are still computed; the update waits for the last bucket (Horovod's and DDP's "
+        "overlap). 0: one vector, sent after the backward pass. The same result either way; each epoch's stats "
+        "report the seconds of exchange hidden.", inert=(0,))
     lr_scaling: str = setting(
         "allreduce.lrScaling", "none", Choice(LR_SCALINGS, "lr_scaling"),
         "'linear' multiplies a constant learning rate by the number of ranks on the executors ('sqrt': by its square root).")
@@ -522,7 +536,7 @@ class EngineConfig:
                                       "frequency='batch' averages gradients (see compression)")
         if core.mode == "allreduce" and core.frequency == "epoch":
             ar = groups["allreduce"]
-            for name, inert in (("compression", (None, "none")), ("lr_scaling", ("none",))):
+            for name, inert in (("compression", (None, "none")), ("lr_scaling", ("none",)), ("bucket_bytes", (0,))):
                 if getattr(ar, name) not in inert:
                     raise ConfigError(f"{name}={getattr(ar, name)!r} applies to gradients (allreduce, frequency='batch'); "
                                       "frequency='epoch' averages the model's state in float64")

@@ -230,6 +230,15 @@ def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None)
         "evaluate": el.evaluate(x, y), "histories": len(el.training_histories),
     }
 
+    # gradient buckets during the backward pass are TensorFlow's: refused on JAX before any job
+    from sparkdl_train import ConfigError
+
+    try:
+        SparkModel(make_model(), mode="allreduce", num_workers=2, bucket_bytes=1 << 20).fit(rdd, epochs=1, batch_size=BATCH, verbose=0)
+        result["buckets_refused"] = None
+    except ConfigError as e:
+        result["buckets_refused"] = {"message": str(e)}
+
     result["executor_env"] = dict(sc.environment)
     np.savez(os.path.join(out_dir, "jax_weights.npz"), **weights)
     with open(os.path.join(out_dir, "jax.json"), "w") as f:

@@ -88,6 +88,32 @@ def test_fp16_and_bf16_compression_and_linear_lr_scaling(sc, digits, reference_a
         assert 0.45 < half["bytes_sent"] / s32["bytes_sent"] < 0.6
 
 
+def test_gradient_buckets_reduced_during_the_backward_pass_give_the_same_weights(sc, digits):
+    """allreduce.bucketBytes: three buckets per step, each reduced on the rank's bucket thread as
+    the backward pass hands it over; with 2 ranks every sum is the same pair of floats, so the
+    weights equal the one-vector fit's bit for bit, also across the steps where one rank is out of
+    data (it hands over zeros)."""
+    x, y, _, _ = digits
+    rows = list(zip(x[:400], y[:400]))
+    rdd = sc.parallelize([rows[:100], rows[100:]], 2).flatMap(lambda part: part).cache()
+    fits = {}
+    for bucket_bytes in (0, 200):
+        model = make_mlp()
+        sm = SparkModel(model, mode="allreduce", num_workers=2, bucket_bytes=bucket_bytes, shuffle_buffer_size=1)
+        sm.fit(rdd, epochs=2, batch_size=32, verbose=0, shuffle=False)
+        fits[bucket_bytes] = (model.get_weights(), sm.stats)
+    for a, b in zip(fits[0][0], fits[200][0]):
+        np.testing.assert_array_equal(a, b)
+    stats = fits[200][1]
+    assert stats.server["bucket_bytes"] == 200 and fits[0][1].server["bucket_bytes"] == 0
+    for info in stats.epochs[0].partitions.values():
+        assert info["buckets"] == 3 and info["global_steps"] == 10
+        assert 0 < info["bucket_wait_seconds"] and 0 < info["bucket_exchange_seconds"]
+    assert "buckets" not in next(iter(fits[0][1].epochs[0].partitions.values()))
+    assert stats.server["bucket_exchange_seconds"] > 0
+    rdd.unpersist()
+
+
 def test_more_ranks_than_slots_fails_before_launch(sc, digits):
     x, y, _, _ = digits
     start = time.monotonic()
@@ -100,7 +126,7 @@ def test_more_ranks_than_slots_fails_before_launch(sc, digits):
 def test_allreduce_config_errors():
     with pytest.raises(ConfigError, match="frequency='epoch'\\); not 4"):
         SparkModel(make_mlp(), mode="allreduce", frequency=4)
-    for arg in ({"compression": "fp16"}, {"lr_scaling": "linear"}):  # gradients only
+    for arg in ({"compression": "fp16"}, {"lr_scaling": "linear"}, {"bucket_bytes": 1 << 20}):  # gradients only
         with pytest.raises(ConfigError, match=f"{next(iter(arg))}=.* applies to gradients"):
             SparkModel(make_mlp(), mode="allreduce", frequency="epoch", **arg)
     with pytest.raises(ConfigError, match="state_sums applies to frequency='epoch'"):

@@ -70,6 +70,8 @@ def test_the_spark_ml_estimator_and_the_elephas_layer_train_on_jax(jax_run):
     assert el["predict_type"] == "list" and el["predict_rows"] == 8 and el["predict_max_diff"] <= 1e-5, el
     assert el["histories"] == jax_check.EPOCHS
     assert el["evaluate"][1] >= 0.85, el["evaluate"]  # [loss, accuracy], as Elephas returns
+    refused = jax_run["buckets_refused"]  # allreduce.bucketBytes is TensorFlow's: refused before a job
+    assert refused is not None and "bucketBytes" in refused["message"] and "TensorFlow" in refused["message"], refused
 
 
 def test_one_jax_worker_without_shuffling_equals_keras_fit_on_jax(jax_run):

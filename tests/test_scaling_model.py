@@ -169,3 +169,13 @@ def test_overlap_hides_communication_behind_the_backward_pass_and_nodes_shorten_
     assert nodes.parts["latency"] == pytest.approx(2 * 7 * (50e-6 + 5e-6))
     assert sm.Engine("allreduce", precision=2, overlap=2 / 3, hop_s=5e-6, gpus_per_node=8).label == \
         "allreduce fp16, overlap 0.67, hop 5 us, 8 GPUs/node"
+    # buckets: the last one (the first layers) leaves when the backward pass ends, so its share stays exposed
+    slow = sm.Workload("slow", compute_s=10.0, batch=64, dense_bytes=100e6, steps_per_epoch=500, step_cv=0.0)
+    plain = sm.predict(sm.Engine("allreduce", precision=2), slow, 64, NET, SERVER, RING, FREE_SPARK)
+    comm = sum(plain.parts[k] for k in ("bandwidth", "latency", "software"))
+    quarter = sm.predict(sm.Engine("allreduce", precision=2, overlap=1.0, bucket_bytes=12_500_000), slow, 64, NET, SERVER,
+                         RING, FREE_SPARK)
+    assert sum(quarter.parts[k] for k in ("bandwidth", "latency", "software")) == pytest.approx(comm / 4)  # 12.5 of 50 MB
+    assert sm.Engine("allreduce", precision=2, overlap=2 / 3, bucket_bytes=4 << 20).label == \
+        "allreduce fp16, overlap 0.67, 4 MiB buckets"
+

@@ -375,3 +375,77 @@ def test_touch_weighted_average_weights_each_row_by_the_ranks_lookups(sums):
         assert int(out[r][3]) == 9 and out[r][0].dtype == np.float32
         for a, b in zip(out[r], out[0]):
             np.testing.assert_array_equal(a, b)  # the same on every rank
+
+
+@pytest.mark.parametrize("mode", ["asynchronous", "hogwild"])
+def test_table_shards_give_the_same_replies_and_state_as_one_lock(mode):
+    """ps.tableShards: rows added and gathered range by range under each range's lock, outside the
+    state's lock. One worker after another, every reply and the final state equal the unsharded
+    server's bit for bit: tables whose rows do not divide evenly, ids at every range's edges,
+    repeated and unsorted wanted ids, whole-table pulls."""
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal((23, 3)).astype(np.float32)
+    other = rng.standard_normal((7, 2)).astype(np.float32)
+    weights = [big, np.zeros(5, np.float32), other]
+    one = ServerState(weights, mode, sparse=[0, 2])
+    three = ServerState(weights, mode, sparse=[0, 2], shards=3)
+    assert three.shards == 3 and ServerState([BIAS], mode, shards=3).shards == 1  # no table: nothing to shard
+    for step in range(30):
+        ids0 = np.unique(rng.integers(0, 23, rng.integers(0, 12)))
+        ids2 = np.unique(rng.integers(0, 7, 3))
+        delta = [SparseRows(ids0.astype(np.int64), rng.standard_normal((len(ids0), 3)).astype(np.float32)),
+                 rng.standard_normal(5).astype(np.float32),
+                 SparseRows(ids2.astype(np.int64), rng.standard_normal((len(ids2), 2)).astype(np.float32))]
+        want = {0: rng.integers(0, 23, 9), 2: np.array([6, 0, 6])} if step % 3 else None
+        a, b = one.push(step % 2, step, delta, 4, want=want), three.push(step % 2, step, delta, 4, want=want)
+        assert a.version == b.version
+        for x, y in zip(a.arrays, b.arrays):
+            np.testing.assert_array_equal(x, y)
+        one.release(a), three.release(b)
+        p, q = one.pull({0: np.array([22, 0, 7, 8, 15, 16])}), three.pull({0: np.array([22, 0, 7, 8, 15, 16])})
+        np.testing.assert_array_equal(p.arrays[0], q.arrays[0])
+        np.testing.assert_array_equal(p.arrays[2], q.arrays[2])  # not asked for: the whole table
+        one.release(p), three.release(q)
+    for x, y in zip(one.snapshot(), three.snapshot()):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_table_shards_lose_no_addition_under_concurrent_pushes_and_sync_rounds_stay_whole():
+    """Four threads push overlapping rows into a 4-shard asynchronous server: every addition lands
+    (float64 table, integer-valued deltas: exact); a synchronous round's rows reach readers whole."""
+    table = np.zeros((101, 2), np.float64)
+    s = ServerState([table, np.zeros(1, np.float64)], "asynchronous", sparse=[0], shards=4)
+    ids = np.arange(0, 101, 2, dtype=np.int64)
+
+    def worker(w):
+        for _ in range(50):
+            s.release(s.push(w, 0, [SparseRows(ids, np.ones((len(ids), 2))), np.ones(1)], 1, want={0: ids[::-1]}))
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    final = s.snapshot()
+    np.testing.assert_array_equal(final[0][ids], 200.0)
+    np.testing.assert_array_equal(final[0][1::2], 0.0)
+    assert final[1][0] == 200.0 and s.version == 200
+
+    sync = ServerState([np.zeros((10, 1)), np.zeros(1)], "synchronous", sparse=[0], shards=3, join_timeout=0.1)
+    sync.begin_epoch(2)
+    sync.join(0), sync.join(1)
+    replies = {}
+
+    def push(w):
+        replies[w] = sync.push(w, 0, [SparseRows(np.arange(10), np.full((10, 1), 2.0 * (w + 1))), np.zeros(1)], 1)
+
+    threads = [threading.Thread(target=push, args=(w,)) for w in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for r in replies.values():  # the round's mean (2 and 4 by equal samples): every row, every range
+        np.testing.assert_array_equal(r.arrays[0], 3.0)
+        sync.release(r)
+    with pytest.raises(ValueError, match="at least 1"):
+        ServerState([table], "asynchronous", sparse=[0], shards=0)

@@ -33,10 +33,10 @@ def _model(optimizer):
     return m
 
 
-def _fit(sc, mode, frequency, sparse, optimizer, epochs=2):
+def _fit(sc, mode, frequency, sparse, optimizer, epochs=2, **kw):
     ids, y = _data()
     model = _model(optimizer)
-    sm = SparkModel(model, mode=mode, frequency=frequency, num_workers=2, sparse_embeddings=sparse, seed=1)
+    sm = SparkModel(model, mode=mode, frequency=frequency, num_workers=2, sparse_embeddings=sparse, seed=1, **kw)
     sm.fit(to_simple_rdd(sc, ids[:TRAIN], y[:TRAIN], num_slices=2), epochs=epochs, batch_size=64, verbose=0)
     return model, sm.stats.server
 
@@ -54,6 +54,11 @@ def test_sgd_rows_train_exactly_like_whole_tables(sc):
     assert sparse["bytes_in"] + sparse["bytes_out"] < (dense["bytes_in"] + dense["bytes_out"]) / 3
     assert dense["dense_to_actual_bytes"] == pytest.approx(1.0, abs=0.1)  # the estimate matches dense traffic
     assert sparse["dense_to_actual_bytes"] > 3
+    # the server's table in 3 row ranges, each under its own lock (ps.tableShards): the same training
+    sharded_model, sharded = _fit(sc, "synchronous", 2, True, keras.optimizers.SGD(0.5), table_shards=3)
+    assert sharded["table_shards"] == 3 and sparse["table_shards"] == 1 and sharded["updates"] == sparse["updates"]
+    for a, b in zip(dense_model.get_weights(), sharded_model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
 
 
 @pytest.mark.parametrize("mode", ["asynchronous", "hogwild"])

@@ -70,3 +70,25 @@ class FusedLayout:
         self.sizes = [int(np.prod(s)) for s in self.shapes]
         self.size = sum(self.sizes) + 1
         self.batch_size = float(batch_size)
+
+    def buckets(self, bucket_bytes: int) -> list[tuple[int, int, int, int]]:
+        """The vector cut for overlap (``allreduce.bucketBytes``): buckets of whole weights, taken from
+        the last weight backwards (the order in which the backward pass produces gradients), each
+        closed once it holds ``bucket_bytes`` of float32 (a larger weight is a bucket of its own).
+        Bucket 0 also holds the rank's weight, the vector's last float. Returns ``(first weight, end
+        weight, lo, hi)`` per bucket, ``lo:hi`` the bucket's slice of the vector; the slices tile it."""
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        offsets = [0]
+        for n in self.sizes:
+            offsets.append(offsets[-1] + n)
+        out: list[tuple[int, int, int, int]] = []
+        end = len(self.sizes)
+        i = end
+        while i > 0:
+            i -= 1
+            if (offsets[end] - offsets[i]) * 4 >= bucket_bytes or i == 0:
+                hi = self.size if not out else offsets[end]
+                out.append((i, end, offsets[i], hi))
+                end = i
+        return out

@@ -34,6 +34,10 @@ from ..errors import ConfigError
 from .flat import FlatLayout, FusedLayout, first_input
 
 NAME = "jax"
+# allreduce.bucketBytes: a jitted step is one XLA program, which hands nothing over before it returns
+BUCKETS_REFUSED = ("allreduce.bucketBytes (gradient buckets reduced while the backward pass runs) needs the TensorFlow "
+                   "backend: on JAX the jitted step is one XLA program that hands nothing back before it ends. Leave "
+                   "bucketBytes at 0 on JAX (docs/scaling.md: XLA's own collectives are the route there)")
 # XLA compiles an executable per input shape: a pass runs a short last group batch by batch
 # (sparkdl_train.worker.steps.run_steps) rather than compiling its size
 COMPILES_PER_SHAPE = True
@@ -252,11 +256,14 @@ def eager_test_step(model: Any, batch: Batch) -> None:
 class FusedStep(FusedLayout):
     """The train step split around the allreduce (see :mod:`sparkdl_train.worker.fused_step`)."""
 
-    def __init__(self, model: Any, batch_size: int):
+    def __init__(self, model: Any, batch_size: int, bucket_bytes: int = 0):
         import jax
         import jax.numpy as jnp
 
+        if bucket_bytes:
+            raise ConfigError(BUCKETS_REFUSED)
         super().__init__(model, batch_size)
+        self.bucket_bounds: list = []
         offsets = np.cumsum([0, *self.sizes])
         shapes, sizes = self.shapes, self.sizes
 
@@ -309,7 +316,7 @@ class FusedStep(FusedLayout):
         _, compiled = self._gradients.executable(list(_read(self._grad_groups())), *self._args(tuple(batch)))
         return compiled
 
-    def gradients(self, batch: tuple, out: np.ndarray) -> int:
+    def gradients(self, batch: tuple, out: np.ndarray, ready: Any = None) -> int:
         """Write this rank's weighted, fused gradient into ``out``; returns the batch's rows."""
         groups = self._grad_groups()
         args = self._args(tuple(batch))

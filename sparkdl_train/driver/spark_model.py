@@ -84,6 +84,8 @@ class SparkModel:
         epochs_per_stage: int | None = None,
         state_sums: str | None = None,
         table_average: str | None = None,
+        bucket_bytes: int | None = None,
+        table_shards: int | None = None,
         **settings: Any,
     ):
         given = dict(locals())  # the parameters as passed; each one is a declared setting (config.py)
@@ -245,7 +247,8 @@ class SparkModel:
                 threads = self._threads(train, launch.workers, config)
                 settings = StepSettings(batch_size=fit_cfg.batch_size, shuffle=fit_cfg.shuffle,
                                         shuffle_buffer_size=config.data.shuffle_buffer_size, seed=config.seed, threads=threads,
-                                        nan_policy=config.data.nan_policy, group=engine_cls.steps_per_call(config))
+                                        nan_policy=config.data.nan_policy, group=engine_cls.steps_per_call(config),
+                                        bucket_bytes=config.allreduce.bucket_bytes if engine_cls.step == "fused" else 0)
                 if config.core.prepare_workers and sc is not None:
                     # the executors rebuild the model and trace its step while the driver samples
                     with phases("prepare_start"):

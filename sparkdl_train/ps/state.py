@@ -22,10 +22,17 @@ the worker asked for, gathered (copied) under the same lock that orders the
 updates. A synchronous round adds the sample-weighted sum of every worker's
 rows divided by the round's total samples: exactly the dense mean with zeros
 for the rows a worker did not touch.
+
+With ``shards > 1`` (``ps.tableShards``) every table's rows are cut into that many ranges, range
+``s`` of all tables under lock ``s``: an asynchronous push applies its dense delta and takes its
+version under the state's lock, then adds its rows and gathers its reply's rows range by range
+under each range's lock, so pushes copy rows on several cores at once. A reply is consistent
+within each range; a synchronous round still adds its rows with every range's lock held.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -113,12 +120,13 @@ class Reply:
     snapshot (hand the reply back with :meth:`ServerState.release` once sent)
     and table rows copied out for this worker."""
 
-    __slots__ = ("version", "arrays", "snap")
+    __slots__ = ("version", "arrays", "snap", "want")
 
-    def __init__(self, version: int, arrays: list[np.ndarray], snap: Snapshot):
+    def __init__(self, version: int, arrays: list[np.ndarray], snap: Snapshot, want: Any = None):
         self.version = version
         self.arrays = arrays
         self.snap = snap
+        self.want = want  # sharded tables: the rows still to gather (None: every table whole)
 
 
 _MAX_FREE_BUFFERS = 2
@@ -159,6 +167,7 @@ class ServerState:
         round_timeout: float = 600.0,
         join_timeout: float = 30.0,
         sparse: Sequence[int] = (),
+        shards: int = 1,
     ):
         if mode not in MODES:
             raise ValueError(f"unknown parameter-server mode {mode!r}; expected one of {MODES}")
@@ -177,6 +186,14 @@ class ServerState:
         self._tables = {i: arrays[i] for i in self.sparse}  # live, updated in place
         self._row_views = {i: table_rows.row_view(t) for i, t in self._tables.items()}
         self._dense = [i for i in range(len(arrays)) if i not in self._tables]
+        # table shards: every table's rows cut into `shards` ranges, range s of all tables under lock s;
+        # row updates and gathers run outside the state's lock, so pushes touching different ranges
+        # copy rows on several cores at once (the row copies release the interpreter's lock)
+        if int(shards) < 1:
+            raise ValueError(f"shards must be at least 1, got {shards}")
+        self.shards = int(shards) if self._tables else 1
+        self._shard_locks = [threading.Lock() for _ in range(self.shards)]
+        self._bounds = {i: np.linspace(0, t.shape[0], self.shards + 1).astype(np.int64) for i, t in self._tables.items()}
         self._current = Snapshot(0, [arrays[i] for i in self._dense])
         self._free: list[list[np.ndarray]] = []
         self._round_rows: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
@@ -242,7 +259,8 @@ class ServerState:
         hand the reply back with :meth:`release` once sent."""
         want = self.check_want(want)
         with self._cond:  # in hogwild mode too: updates take no lock, so reads may still see them half applied
-            return self._reply(want)
+            reply = self._reply(want)
+        return self._sharded_rows({}, reply)
 
     def release(self, reply: Reply) -> None:
         with self._cond:
@@ -251,13 +269,22 @@ class ServerState:
 
     def snapshot(self) -> list[np.ndarray]:
         """A private copy of the current weights."""
-        with self._cond:
+        with self._cond, self._all_shards():
             out: list[Any] = [None] * len(self.shapes)
             for i, w in zip(self._dense, self._current.arrays):
                 out[i] = w.copy()
             for i, t in self._tables.items():
                 out[i] = t.copy()
             return out
+
+    @contextlib.contextmanager
+    def _all_shards(self):
+        """Every shard's lock, in order (after the state's lock, as everywhere)."""
+        with contextlib.ExitStack() as stack:
+            if self.shards > 1:
+                for lock in self._shard_locks:
+                    stack.enter_context(lock)
+            yield
 
     def _reply(self, want: dict[int, np.ndarray] | None) -> Reply:
         """Caller holds the lock."""
@@ -268,10 +295,57 @@ class ServerState:
         arrays: list[Any] = [None] * len(self.shapes)
         for i, w in zip(self._dense, snap.arrays):
             arrays[i] = w
+        if self.shards > 1:  # gathered shard by shard once the state's lock is released (_sharded_rows)
+            return Reply(snap.version, arrays, snap, want={} if want is None else want)
         for i, t in self._tables.items():
             ids = None if want is None else want.get(i)
             arrays[i] = t.copy() if ids is None else table_rows.gather(t, ids)
         return Reply(snap.version, arrays, snap)
+
+    def _sharded_rows(self, rows: dict[int, SparseRows], reply: Reply | None) -> Reply | None:
+        """With shards (caller holds no lock): add ``rows`` and gather the reply's rows, one shard at
+        a time under its lock, so a push reads its own rows back. Without shards: nothing to do."""
+        if self.shards == 1:
+            return reply
+        # per wanted table: (ids in shard order, the reply's rows, where each range starts and ends in
+        # them, the order to put them back in: None when the worker asked in increasing order, as it does)
+        wanted: dict[int, tuple[Any, np.ndarray, Any, Any]] = {}
+        if reply is not None:
+            for i, t in self._tables.items():
+                ids = reply.want.get(i)
+                if ids is None:
+                    wanted[i] = (None, np.empty_like(t), self._bounds[i], None)
+                    continue
+                order = None
+                if len(ids) > 1 and not bool(np.all(ids[1:] >= ids[:-1])):
+                    order = np.argsort(ids, kind="stable")
+                    ids = ids[order]
+                wanted[i] = (ids, np.empty((len(ids), *t.shape[1:]), t.dtype), np.searchsorted(ids, self._bounds[i]), order)
+        spans = {i: np.searchsorted(r.ids, self._bounds[i]) for i, r in rows.items()}  # ids are sorted
+        for s, lock in enumerate(self._shard_locks):
+            with lock:
+                for i, r in rows.items():
+                    a, b = spans[i][s], spans[i][s + 1]
+                    if b > a:
+                        table_rows.scatter_add(self._tables[i], self._row_views[i], r.ids[a:b], r.rows[a:b])
+                for i, (ids, out, cuts, _) in wanted.items():
+                    a, b = cuts[s], cuts[s + 1]
+                    if b <= a:
+                        continue
+                    t = self._tables[i]
+                    if ids is None:
+                        out[a:b] = t[a:b]
+                    else:
+                        np.take(t, ids[a:b], axis=0, out=out[a:b])
+        if reply is not None:
+            for i, (_, out, _, order) in wanted.items():
+                if order is not None:  # back in the order asked
+                    back = np.empty_like(out)
+                    back[order] = out
+                    out = back
+                reply.arrays[i] = out
+            reply.want = None
+        return reply
 
     def check_want(self, want: dict[int, np.ndarray] | None) -> dict[int, np.ndarray] | None:
         if want is None:
@@ -341,8 +415,9 @@ class ServerState:
         return self._push_hogwild(worker, base_version, dense, rows, samples, want)
 
     def _add_rows(self, rows: dict[int, SparseRows]) -> None:
-        for i, r in rows.items():  # ids are unique: no lost additions within one delta
-            table_rows.scatter_add(self._tables[i], self._row_views[i], r.ids, r.rows)
+        with self._all_shards():  # a synchronous round's rows, under the state's lock: no reader sees half of them
+            for i, r in rows.items():  # ids are unique: no lost additions within one delta
+                table_rows.scatter_add(self._tables[i], self._row_views[i], r.ids, r.rows)
 
     def _count(self, worker: int, samples: int, staleness: int) -> None:
         st = self.stats
@@ -387,22 +462,26 @@ class ServerState:
                     self._wait(ready, f"worker {worker} waiting for slower workers (staleness bound {self.staleness_bound})")
                     self.stats.wait_seconds += time.monotonic() - start
             self._apply(delta)
-            self._add_rows(rows)
+            if self.shards == 1:
+                self._add_rows(rows)
             self._count(worker, samples, self._current.version - 1 - base_version)
             self._clock[worker] = self._clock.get(worker, 0) + 1
             self._cond.notify_all()
-            return self._reply(want)
+            reply = self._reply(want)
+        return self._sharded_rows(rows, reply)  # with shards, the rows are added here, range by range
 
     def _push_hogwild(self, worker, base_version, delta, rows, samples, want):
         snap = self._current  # never replaced in hogwild mode: one set of live arrays
         for w, d in zip(snap.arrays, delta):
             np.add(w, d, out=w, casting="same_kind")  # no lock: concurrent adds and reads may interleave
-        self._add_rows(rows)
+        for i, r in rows.items():  # no lock either
+            table_rows.scatter_add(self._tables[i], self._row_views[i], r.ids, r.rows)
         version = next(self._hog_versions)
         with self._cond:  # bookkeeping only
             snap.version = max(snap.version, version)
             self._count(worker, samples, max(0, version - 1 - base_version))
-            return self._reply(want)
+            reply = self._reply(want)
+        return self._sharded_rows({}, reply)
 
     def _push_sync(self, worker, delta, rows, samples, want):
         with self._cond:
@@ -417,7 +496,8 @@ class ServerState:
             self._count(worker, samples, 0)
             self._maybe_complete_round()
             self._wait(lambda: self._round > my_round, f"synchronous round {my_round} (waiting for workers {sorted(self._active - self._round_pushed)})")
-            return self._reply(want)
+            reply = self._reply(want)
+        return self._sharded_rows({}, reply)
 
     def _maybe_complete_round(self) -> None:
         """Caller holds the lock."""

@@ -38,6 +38,7 @@ import numpy as np
 from .. import _compat
 from ..allreduce import ring
 from ..allreduce.barrier import BarrierGroup, DriverGroup, RendezvousSettings, SingleGroup
+from ..allreduce.buckets import BucketRing
 from ..allreduce.transport import Group, PeerAborted, rendezvous
 from ..data.batching import Batch, num_rows
 from ..errors import SparkDLError
@@ -157,40 +158,61 @@ class AllreduceTrainTask:
         sent = _link_bytes(link)  # this epoch's bytes are counted from here
         comm = _start_from_rank_0(run, link, rank, size, broadcast)
 
-        step = cached_fused_step(model, s.batch_size)
+        step = cached_fused_step(model, s.batch_size, s.bucket_bytes)
         buf = np.empty(step.size, np.float32)
+
+        def reduce(view: np.ndarray) -> None:
+            if link is not None:
+                ring.allreduce_sum(view, link, rank, size, wire_dtype=wire)
+
+        # overlap (allreduce.bucketBytes): the buckets are reduced on a thread as the backward pass hands them over
+        buckets = BucketRing(buf, [(lo, hi) for _, _, lo, hi in step.bucket_bounds], reduce, r.timeout,
+                             name=f"sparkdl-buckets-{rank}") if step.bucket_bounds else None
         batches = (b for b in run.batches(chunks) if num_rows(b))  # an exhausted generator keeps returning None below
         samples = local_steps = global_steps = 0
-        while True:
-            batch = next(batches, None)
-            if batch is not None:
-                t1 = time.perf_counter()
-                if local_steps == 0:
-                    _compat.symbolic_build(model, batch)
-                    run.startup["traced"] = step.trace(batch)
-                samples += step.gradients(batch, buf)
-                if local_steps == 0:
-                    run.startup["first_step"] = time.perf_counter() - t1  # tracing the fused step, when new
-                local_steps += 1
-            else:
-                buf.fill(0.0)
-            t0 = time.perf_counter()
-            if link is not None:
-                ring.allreduce_sum(buf, link, rank, size, wire_dtype=wire)
-            comm += time.perf_counter() - t0
-            if buf[-1] == 0.0:  # every rank is out of data
-                break
-            step.apply(buf)
-            global_steps += 1
-            if batch is not None:
-                run.reporter(local_steps, samples, model)
+        try:
+            while True:
+                batch = next(batches, None)
+                if buckets is not None:
+                    buckets.start_step()
+                if batch is not None:
+                    t1 = time.perf_counter()
+                    if local_steps == 0:
+                        _compat.symbolic_build(model, batch)
+                        run.startup["traced"] = step.trace(batch)
+                    samples += step.gradients(batch, buf, buckets.ready if buckets is not None else None)
+                    if local_steps == 0:
+                        run.startup["first_step"] = time.perf_counter() - t1  # tracing the fused step, when new
+                    local_steps += 1
+                else:
+                    buf.fill(0.0)
+                    if buckets is not None:
+                        buckets.ready_all()
+                t0 = time.perf_counter()
+                if buckets is not None:
+                    buckets.wait()
+                else:
+                    reduce(buf)
+                comm += time.perf_counter() - t0
+                if buf[-1] == 0.0:  # every rank is out of data
+                    break
+                step.apply(buf)
+                global_steps += 1
+                if batch is not None:
+                    run.reporter(local_steps, samples, model)
+        finally:
+            if buckets is not None:
+                buckets.close()
+        overlap = {} if buckets is None else {
+            "buckets": len(step.bucket_bounds), "bucket_exchange_seconds": round(buckets.exchange_s, 4),
+            "bucket_wait_seconds": round(buckets.exposed_s, 4)}
 
         t0 = time.perf_counter()
         _sync_non_trainable(model, link, rank, size, samples)
         comm += time.perf_counter() - t0
         _scale_lr(model, 1.0, base_lr)
         run.finish(local_steps, samples)
-        return _rank_partial(run, link, rank, size, samples, local_steps, global_steps, comm, sent)
+        return _rank_partial(run, link, rank, size, samples, local_steps, global_steps, comm, sent, **overlap)
 
 
     def _train_local(self, run: PartitionPass, chunks: Iterable[Batch], link: Any, rank: int, size: int,
@@ -227,7 +249,7 @@ def _start_from_rank_0(run: PartitionPass, link: Any, rank: int, size: int, broa
 
 
 def _rank_partial(run: PartitionPass, link: Any, rank: int, size: int, samples: int, steps: int, global_steps: int,
-                  comm: float, sent: tuple[int, int]) -> Partial:
+                  comm: float, sent: tuple[int, int], **extra: Any) -> Partial:
     """A rank's epoch: its statistics (bytes since ``sent``, a digest of its weights) and, from rank 0
     only (every rank holds the same state), the state."""
     model = run.model
@@ -237,6 +259,7 @@ def _rank_partial(run: PartitionPass, link: Any, rank: int, size: int, samples: 
         samples, steps, rank=rank, world_size=size, global_steps=global_steps, comm_seconds=round(comm, 4),
         bytes_sent=now[0] - sent[0], bytes_received=now[1] - sent[1],
         weights_sha256=hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in weights)).hexdigest(),
+        **extra,
     )
     return Partial(samples=samples, batches=steps,
                    model=WeightedMean.of(get_state(model), 1.0) if rank == 0 else WeightedMean(),

@@ -13,7 +13,14 @@ compiled functions replace it:
   the summed weight and hands the pieces to ``optimizer.apply_gradients``.
 
 Its interface: ``size`` (floats in the fused vector), ``trace(batch) -> bool`` (compile for the
-batch's signature with any number of rows), ``gradients(batch, out) -> rows``, ``apply(summed)``.
+batch's signature with any number of rows), ``gradients(batch, out, ready=None) -> rows``,
+``apply(summed)``, ``bucket_bounds``.
+
+*Overlap* (``allreduce.bucketBytes``, TensorFlow only): the vector is cut into buckets of whole
+weights from the last layer backwards (:meth:`~sparkdl_train.backend.flat.FusedLayout.buckets`);
+each leaves the compiled function through a host callback as soon as the backward pass has
+produced it, calling ``ready(k)``, and :class:`sparkdl_train.allreduce.buckets.BucketRing`
+reduces it while the earlier layers' gradients are still being computed.
 
 The result is the gradient of the mean loss over the global batch, also when
 ranks' batches differ in size (the last batch of a partition) or a rank has no
@@ -27,10 +34,11 @@ from typing import Any
 from .. import backend
 
 
-def cached_fused_step(model: Any, batch_size: int) -> Any:
-    """One FusedStep per (model, batch size), kept on the cached model: traced once per worker."""
+def cached_fused_step(model: Any, batch_size: int, bucket_bytes: int = 0) -> Any:
+    """One FusedStep per (model, batch size, buckets), kept on the cached model: traced once per worker."""
     cache = model.__dict__.setdefault("_sparkdl_fused_steps", {})
-    step = cache.get(batch_size)
+    key = (batch_size, bucket_bytes)
+    step = cache.get(key)
     if step is None:
-        step = cache[batch_size] = backend.current().FusedStep(model, batch_size)
+        step = cache[key] = backend.current().FusedStep(model, batch_size, bucket_bytes)
     return step

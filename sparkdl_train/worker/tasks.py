@@ -66,6 +66,9 @@ class StepSettings:
     # consecutive batches per call of the compiled step (sparkdl_train.worker.steps.run_steps'
     # group), as the engine allows it (spark.sparkdl_train.worker.stepsPerExecution)
     group: int = 1
+    # allreduce's fused step: gradient buckets of about this many bytes reduced while the backward
+    # pass runs (spark.sparkdl_train.allreduce.bucketBytes); 0: one vector after it
+    bucket_bytes: int = 0
     # the Keras backend of the driver's model, which the worker must run (sparkdl_train.backend)
     keras_backend: str = field(default_factory=lambda: _backend.keras_backend())
 

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ... import _compat
+from ... import _compat, backend
 from ...allreduce.barrier import RendezvousSettings
+from ...backend import keras_backend
 from ...config import EngineConfig
 from ...data.adapters import DataAdapter
 from ...errors import ConfigError, ConsistencyError, DataError, WorkerError
@@ -69,6 +70,8 @@ class AllreduceEngine(Engine):
 
     @classmethod
     def plan(cls, config: EngineConfig, sc: Any, train: DataAdapter) -> Launch:
+        if cls.step == "fused" and config.allreduce.bucket_bytes and keras_backend() != "tensorflow":
+            raise ConfigError(backend.module("jax").BUCKETS_REFUSED)  # before any job
         if sc is None:  # in-process arrays: one rank
             return Launch(workers=config.num_workers or train.num_partitions(), barrier=True)
         workers = config.num_workers or barrier_slots(sc)
@@ -127,6 +130,7 @@ class AllreduceEngine(Engine):
         c = self.config
         return {"engine": "allreduce", "average": self.average, "epochs_per_stage": self.epochs_per_stage,
                 "ranks": self.workers, "compression": c.allreduce.compression or "none",
+                "bucket_bytes": c.allreduce.bucket_bytes if self.step == "fused" else 0,
                 "lr_scaling": c.allreduce.lr_scaling, **self.totals}
 
     def _ring_settings(self, round_: str) -> RingSettings:
@@ -181,8 +185,8 @@ class AllreduceEngine(Engine):
         set_state(model, partial.model.result())
         set_metric_state(model, partial.metrics)
         self.totals["steps"] += max(i.get("global_steps", 0) for i in infos)
-        for key in ("bytes_sent", "bytes_received", "comm_seconds"):
-            self.totals[key] += sum(i.get(key, 0) for i in infos)
+        for key in ("bytes_sent", "bytes_received", "comm_seconds", "bucket_exchange_seconds", "bucket_wait_seconds"):
+            self.totals[key] = self.totals.get(key, 0) + sum(i.get(key, 0) for i in infos)
         return metrics_result(model)
 
     # -- several epochs per stage ----------------------------------------------------------

@@ -63,6 +63,7 @@ class ParameterServerEngine(Engine):
             round_timeout=config.ps.round_timeout,
             join_timeout=config.ps.join_timeout,
             sparse=[t.index for t in self.tables],
+            shards=config.ps.table_shards,
         )
         self.dense_bytes_per_push = dense_exchange_bytes(weights)
         self.tls = new_identity("sparkdl_train parameter server") if launch.tls else None
@@ -96,6 +97,7 @@ class ParameterServerEngine(Engine):
             "address": list(self.server.address),
             "delta_scale": self.scale,
             "sparse_tables": [t.name for t in self.tables],
+            "table_shards": self.state.shards,
             # everything on the wire (handshakes and pulls included) per push ...
             "bytes_per_push": per_push,
             # ... against one dense push and its reply, framing included
