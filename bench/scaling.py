@@ -314,32 +314,32 @@ def validation_child(cfg: dict) -> None:
         SparkModel(e2e_ctr.build_model(meta["vocab_size"]), num_workers=2, seed=e2e_ctr.SEED, worker_threads=1,
                    mode="synchronous", frequency="epoch").fit(train, epochs=1, batch_size=VALIDATION_BATCH, verbose=0,
                                                               **columns)
-        for engine, settings in VALIDATED:
-            if engine.label not in cfg.get("engines", [engine.label]):
-                continue
-            for workers in cfg.get("workers", (1, 2)):
-                model = e2e_ctr.build_model(meta["vocab_size"])
-                smodel = SparkModel(model, num_workers=workers, seed=e2e_ctr.SEED, worker_threads=1, **settings)
-                smodel.fit(train, epochs=VALIDATION_EPOCHS, batch_size=VALIDATION_BATCH, verbose=0, **columns)
-                timed = sorted(smodel.stats.epochs[1:], key=lambda e: e.seconds)
-                epoch = timed[len(timed) // 2]
-                parts = list(epoch.partitions.values())
-                samples = sum(p["samples"] for p in parts)
-                daemons = sorted({p["daemon_pid"] for p in parts})
-                if os.getpid() in daemons or os.getpid() in {p["pid"] for p in parts}:
-                    raise SystemExit(f"{master}: a task ran in the driver's process")
-                out.append({"master": master, "daemons": daemons, "engine": engine.label, "workers": workers, "samples": samples,
-                            "samples_per_s": samples / epoch.seconds,
-                            "step_s": sum(p["seconds"] for p in parts) / sum(p["batches"] for p in parts),
-                            "steps": max(p["batches"] for p in parts),
-                            "table_bytes": float(sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights
-                                                     if "embedding" in w.path)),
-                            "model_bytes": float(sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights)),
-                            "vocab": meta["vocab_size"],
-                            "pushes": sum(p.get("pushes", 0) for p in parts),
-                            "push_sync_s": sum(p.get("push_sync_seconds", 0.0) for p in parts),
-                            "push_bytes": sum(p.get("bytes_sent", 0) + p.get("bytes_received", 0) for p in parts)})
-                print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+        rounds = [(r, engine, settings, workers) for r in range(cfg.get("repeats", 1)) for engine, settings in VALIDATED
+                  for workers in cfg.get("workers", (1, 2)) if engine.label in cfg.get("engines", [engine.label])]
+        for repeat, engine, settings, workers in rounds:  # every fit once per round: a slow spell hits all alike
+            model = e2e_ctr.build_model(meta["vocab_size"])
+            smodel = SparkModel(model, num_workers=workers, seed=e2e_ctr.SEED, worker_threads=1, **settings)
+            smodel.fit(train, epochs=VALIDATION_EPOCHS, batch_size=VALIDATION_BATCH, verbose=0, **columns)
+            timed = sorted(smodel.stats.epochs[1:], key=lambda e: e.seconds)
+            epoch = timed[len(timed) // 2]
+            parts = list(epoch.partitions.values())
+            samples = sum(p["samples"] for p in parts)
+            daemons = sorted({p["daemon_pid"] for p in parts})
+            if os.getpid() in daemons or os.getpid() in {p["pid"] for p in parts}:
+                raise SystemExit(f"{master}: a task ran in the driver's process")
+            out.append({"master": master, "repeat": repeat, "daemons": daemons, "engine": engine.label, "workers": workers,
+                        "samples": samples,
+                        "samples_per_s": samples / epoch.seconds,
+                        "step_s": sum(p["seconds"] for p in parts) / sum(p["batches"] for p in parts),
+                        "steps": max(p["batches"] for p in parts),
+                        "table_bytes": float(sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights
+                                                 if "embedding" in w.path)),
+                        "model_bytes": float(sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights)),
+                        "vocab": meta["vocab_size"],
+                        "pushes": sum(p.get("pushes", 0) for p in parts),
+                        "push_sync_s": sum(p.get("push_sync_seconds", 0.0) for p in parts),
+                        "push_bytes": sum(p.get("bytes_sent", 0) + p.get("bytes_received", 0) for p in parts)})
+            print(json.dumps(out[-1]), file=sys.stderr, flush=True)
     finally:
         spark.stop()
     with open(cfg["result"], "w") as f:
@@ -347,7 +347,7 @@ def validation_child(cfg: dict) -> None:
 
 
 def validate(rows: int, server: sm.Server, ring: sm.Ring, spark_costs: sm.SparkCosts, loopback_gbps: float,
-             masters: list[str]) -> list[dict]:
+             masters: list[str], repeats: int = 1) -> list[dict]:
     """Measured (1 and 2 workers on each master) beside predicted. The model's compute per step is
     calibrated once, from averaging with 1 worker on the first master (the fit with the least
     communication), and a worker's own push cost from its asynchronous fits with 1 worker; every
@@ -361,7 +361,8 @@ def validate(rows: int, server: sm.Server, ring: sm.Ring, spark_costs: sm.SparkC
     measured = []
     for master in masters:
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--validation-child",
-                               json.dumps({"rows": rows, "work": work, "result": result, "master": master})],
+                               json.dumps({"rows": rows, "work": work, "result": result, "master": master,
+                                           "repeats": repeats})],
                               env=env, timeout=3000)
         if proc.returncode != 0:
             raise SystemExit(f"validation fits on {master} failed (exit {proc.returncode})")
@@ -377,7 +378,7 @@ MEASURED_KEYS = ("master", "daemons", "engine", "workers", "samples", "samples_p
 def compare(measured: list[dict], server: sm.Server, ring: sm.Ring, spark_costs: sm.SparkCosts,
             loopback_gbps: float) -> list[dict]:
     """Each measured fit beside the model's prediction (the first master's 1-worker fits calibrate)."""
-    measured = [{k: m[k] for k in MEASURED_KEYS} for m in measured]
+    measured = [{**{k: m[k] for k in MEASURED_KEYS}, "repeats": m["repeats"]} for m in median_fits(measured)]
     first = [m for m in measured if m["master"] == measured[0]["master"]]
     calib = next(m for m in first if m["engine"] == "averaging/epoch" and m["workers"] == 1)
     push_fixed, push_byte, push_calib = worker_push_constants(first)
@@ -429,6 +430,18 @@ def call_constants(measured: list[dict]) -> tuple[float, float, float, list[dict
     call = max(0.0, (s1 - grouped["step_s"]) / (1.0 - 1.0 / g))
     compute = max(1e-6, grouped["step_s"] - call / g)
     return compute, call, max(0.0, fused["step_s"] - compute), [fused]
+
+
+def median_fits(measured: list[dict]) -> list[dict]:
+    """One fit per (master, engine, workers): with repeated rounds, the one of median samples/s."""
+    groups: dict[tuple, list[dict]] = {}
+    for m in measured:
+        groups.setdefault((m["master"], m["engine"], m["workers"]), []).append(m)
+    out = []
+    for fits in groups.values():
+        fits = sorted(fits, key=lambda m: m["samples_per_s"])
+        out.append({**fits[len(fits) // 2], "repeats": [f["samples_per_s"] for f in fits]})
+    return out
 
 
 def worker_push_constants(measured: list[dict]) -> tuple[float, float, list[dict]]:
@@ -498,9 +511,11 @@ def print_checks(checks: list[dict]) -> None:
     for c in checks:
         kb = (f"{c['push_bytes_measured'] / 1e3:>15.0f}{c['push_bytes_predicted'] / 1e3:>8.0f}"
               if "push_bytes_measured" in c else f"{'':>23}")
+        spread = c.get("repeats", [])
+        rounds = f"  (rounds: {min(spread):.0f}-{max(spread):.0f})" if len(spread) > 1 else ""
         print(f"  {c['master']:<24}{c['engine']:<40}{c['workers']:>3}{len(c['daemons']):>8}{c['samples_per_s']:>12.0f}"
               f"{c['predicted']:>13.0f}{c['ratio']:>7.2f}{kb}  {c['bottleneck']}"
-              f"{'  (calibration)' if c['calibration'] else ''}", flush=True)
+              f"{'  (calibration)' if c['calibration'] else ''}{rounds}", flush=True)
     ratios = [c["ratio"] for c in checks if not c["calibration"]]
     inside = sum(0.8 <= r <= 1.2 for r in ratios)
     print(f"  predictions within 20%: {inside} of {len(ratios)} (ratios {min(ratios):.2f} to {max(ratios):.2f})", flush=True)
@@ -513,6 +528,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--validate-rows", type=int, default=0,
                    help="also fit the CTR bench model on local[2] (1 and 2 workers) with this many rows and "
                         "print each engine's measured samples/s beside the model's")
+    p.add_argument("--validate-repeats", type=int, default=1,
+                   help="rounds of the validation fits (every fit once per round); each row is the median round's")
     p.add_argument("--validate-masters", nargs="+", default=["local[2]"],
                    help="masters to validate on; the first calibrates (e.g. local[2] local-cluster[2,1,2048])")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8, 16])
@@ -533,7 +550,8 @@ def main(argv: list[str]) -> None:
             saved = json.load(f)
         if args.validate_rows:  # new fits against the saved constants
             saved["validation"] = validate(args.validate_rows, sm.Server(**saved["server"]), sm.Ring(**saved["ring"]),
-                                           sm.SparkCosts(**saved["spark"]), saved["loopback_gbps"], args.validate_masters)
+                                           sm.SparkCosts(**saved["spark"]), saved["loopback_gbps"], args.validate_masters,
+                                           args.validate_repeats)
             saved["ctr"].update(push_fixed_s=saved["validation"][0]["push_fixed_s"],
                                 push_byte_s=saved["validation"][0]["push_byte_s"])
             saved["spark"]["stage_s"] = saved["validation"][0]["stage_s"]
@@ -590,7 +608,8 @@ def main(argv: list[str]) -> None:
           f"{spark.rendezvous_s * 1e3:.0f} ms, driver merge {spark.merge_bytes_per_s / 1e9:.1f} GB/s", flush=True)
     checks = []
     if args.validate_rows:
-        checks = validate(args.validate_rows, server, ring, spark, loopback_gbps, args.validate_masters)
+        checks = validate(args.validate_rows, server, ring, spark, loopback_gbps, args.validate_masters,
+                          args.validate_repeats)
         print_checks(checks)
     if checks:
         ctr = dataclasses.replace(ctr, push_fixed_s=checks[0]["push_fixed_s"], push_byte_s=checks[0]["push_byte_s"])

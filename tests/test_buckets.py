@@ -106,6 +106,15 @@ def test_bucket_ring_passes_the_thread_error_and_times_out_on_a_missing_bucket()
     with BucketRing(buf, [(0, 10)], lambda v: None, timeout=5) as br:
         with pytest.raises(RuntimeError, match="outside a step"):
             br.ready(0)
+    # a step that fails while a bucket is on the ring: closing does not wait for the ring's timeout
+    stuck = threading.Event()
+    br = BucketRing(buf, [(5, 10), (0, 5)], lambda v: stuck.wait(60), timeout=600)
+    br.start_step()
+    br.ready(0)
+    t0 = time.monotonic()
+    br.close()
+    assert time.monotonic() - t0 < 10
+    stuck.set()
 
 
 def test_tensorflow_fused_step_hands_buckets_over_during_its_backward_pass():

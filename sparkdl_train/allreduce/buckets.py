@@ -90,10 +90,12 @@ class BucketRing:
         return waited
 
     def close(self) -> None:
+        """Stop the thread. One still inside a reduce (a step that failed while a bucket was on the
+        ring) is left to end when the caller closes the ring's link: waited for at most 5 s."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(self._timeout)
+        self._thread.join(min(self._timeout, 5.0))
 
     def __enter__(self) -> "BucketRing":
         return self
