@@ -179,3 +179,21 @@ def test_overlap_hides_communication_behind_the_backward_pass_and_nodes_shorten_
     assert sm.Engine("allreduce", precision=2, overlap=2 / 3, bucket_bytes=4 << 20).label == \
         "allreduce fp16, overlap 0.67, 4 MiB buckets"
 
+
+
+def test_a_call_of_the_compiled_step_is_spread_over_the_engines_steps_per_call():
+    """Workload(call_s=, fused_call_s=): averaging runs 16 steps a call, a push every k steps the
+    largest divisor of k up to 16, a push every step one, allreduce's fused step pays its own cost
+    every step; efficiency stays measured against the best step (16 a call)."""
+    w = sm.Workload("w", compute_s=1e-3, batch=64, dense_bytes=1e6, steps_per_epoch=1000, step_cv=0.0,
+                    call_s=1.6e-3, fused_call_s=2e-3)
+    assert [sm.steps_per_call(e) for e in (sm.Engine("averaging"), sm.Engine("ps", "asynchronous", 4),
+            sm.Engine("ps", "asynchronous", 1), sm.Engine("ps", "asynchronous", 24), sm.Engine("ps", "asynchronous", None),
+            sm.Engine("allreduce"), sm.Engine("allreduce", average="state"))] == [16, 4, 1, 12, 16, 1, 16]
+    assert sm.compute_per_step(sm.Engine("averaging"), w) == pytest.approx(1.1e-3)
+    assert sm.compute_per_step(sm.Engine("ps", "asynchronous", 4), w) == pytest.approx(1.4e-3)
+    assert sm.compute_per_step(sm.Engine("allreduce"), w) == pytest.approx(3e-3)
+    one = sm.predict(sm.Engine("allreduce"), w, 1, NET, SERVER, RING, FREE_SPARK)
+    assert one.parts["compute"] == pytest.approx(3e-3)
+    # against averaging's 1.1 ms step; the fused step (3 ms) and the ring's call (RING: 1 ms) every step
+    assert one.efficiency == pytest.approx(1.1 / 4.0, rel=0.01)
