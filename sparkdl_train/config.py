@@ -388,8 +388,8 @@ class ParameterServerConfig(_Group):
         "Row ranges each embedding table of the server is cut into, each under its own lock: a push's rows are "
         "added and its reply's rows gathered range by range outside the server's lock, so pushes run their row "
         "copies on several of the driver's cores at once. A reply is then consistent within each range (another "
-        "push may have reached one range and not yet the next); a synchronous round's rows still reach readers whole. "
-        "1: every row under the server's one lock.", inert=(1,))
+        "push may have reached one range and not yet the next); a synchronous round adds its rows with every range "
+        "locked, and the replies to its pushes hold all of them. 1: every row under the server's one lock.", inert=(1,))
     round_timeout: float = setting(
         "ps.roundTimeout", 600.0, Seconds(), "Seconds a synchronous round waits for every worker.", argument=False)
     join_timeout: float = setting(

@@ -412,7 +412,7 @@ def test_table_shards_give_the_same_replies_and_state_as_one_lock(mode):
 
 def test_table_shards_lose_no_addition_under_concurrent_pushes_and_sync_rounds_stay_whole():
     """Four threads push overlapping rows into a 4-shard asynchronous server: every addition lands
-    (float64 table, integer-valued deltas: exact); a synchronous round's rows reach readers whole."""
+    (float64 table, integer-valued deltas: exact); the replies to a synchronous round's pushes hold all its rows."""
     table = np.zeros((101, 2), np.float64)
     s = ServerState([table, np.zeros(1, np.float64)], "asynchronous", sparse=[0], shards=4)
     ids = np.arange(0, 101, 2, dtype=np.int64)
