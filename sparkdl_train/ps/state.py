@@ -414,8 +414,10 @@ class ServerState:
             return self._push_async(worker, base_version, dense, rows, samples, want)
         return self._push_hogwild(worker, base_version, dense, rows, samples, want)
 
-    def _add_rows(self, rows: dict[int, SparseRows]) -> None:
-        with self._all_shards():  # a synchronous round's rows, under the state's lock: no reader sees half of them
+    def _add_rows(self, rows: dict[int, SparseRows], locked: bool = True) -> None:
+        """``locked``: with every range's lock (a round's rows, under the state's lock: no range is read
+        half applied); hogwild adds without any."""
+        with self._all_shards() if locked else contextlib.nullcontext():
             for i, r in rows.items():  # ids are unique: no lost additions within one delta
                 table_rows.scatter_add(self._tables[i], self._row_views[i], r.ids, r.rows)
 
@@ -474,8 +476,7 @@ class ServerState:
         snap = self._current  # never replaced in hogwild mode: one set of live arrays
         for w, d in zip(snap.arrays, delta):
             np.add(w, d, out=w, casting="same_kind")  # no lock: concurrent adds and reads may interleave
-        for i, r in rows.items():  # no lock either
-            table_rows.scatter_add(self._tables[i], self._row_views[i], r.ids, r.rows)
+        self._add_rows(rows, locked=False)
         version = next(self._hog_versions)
         with self._cond:  # bookkeeping only
             snap.version = max(snap.version, version)
