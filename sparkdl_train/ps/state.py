@@ -302,7 +302,7 @@ class ServerState:
             arrays[i] = t.copy() if ids is None else table_rows.gather(t, ids)
         return Reply(snap.version, arrays, snap)
 
-    def _sharded_rows(self, rows: dict[int, SparseRows], reply: Reply | None) -> Reply | None:
+    def _sharded_rows(self, rows: dict[int, SparseRows], reply: Reply) -> Reply:
         """With shards (caller holds no lock): add ``rows`` and gather the reply's rows, one shard at
         a time under its lock, so a push reads its own rows back. Without shards: nothing to do."""
         if self.shards == 1:
@@ -310,17 +310,16 @@ class ServerState:
         # per wanted table: (ids in shard order, the reply's rows, where each range starts and ends in
         # them, the order to put them back in: None when the worker asked in increasing order, as it does)
         wanted: dict[int, tuple[Any, np.ndarray, Any, Any]] = {}
-        if reply is not None:
-            for i, t in self._tables.items():
-                ids = reply.want.get(i)
-                if ids is None:
-                    wanted[i] = (None, np.empty_like(t), self._bounds[i], None)
-                    continue
-                order = None
-                if len(ids) > 1 and not bool(np.all(ids[1:] >= ids[:-1])):
-                    order = np.argsort(ids, kind="stable")
-                    ids = ids[order]
-                wanted[i] = (ids, np.empty((len(ids), *t.shape[1:]), t.dtype), np.searchsorted(ids, self._bounds[i]), order)
+        for i, t in self._tables.items():
+            ids = reply.want.get(i)
+            if ids is None:
+                wanted[i] = (None, np.empty_like(t), self._bounds[i], None)
+                continue
+            order = None
+            if len(ids) > 1 and not bool(np.all(ids[1:] >= ids[:-1])):
+                order = np.argsort(ids, kind="stable")
+                ids = ids[order]
+            wanted[i] = (ids, np.empty((len(ids), *t.shape[1:]), t.dtype), np.searchsorted(ids, self._bounds[i]), order)
         spans = {i: np.searchsorted(r.ids, self._bounds[i]) for i, r in rows.items()}  # ids are sorted
         for s, lock in enumerate(self._shard_locks):
             with lock:
@@ -337,14 +336,13 @@ class ServerState:
                         out[a:b] = t[a:b]
                     else:
                         np.take(t, ids[a:b], axis=0, out=out[a:b])
-        if reply is not None:
-            for i, (_, out, _, order) in wanted.items():
-                if order is not None:  # back in the order asked
-                    back = np.empty_like(out)
-                    back[order] = out
-                    out = back
-                reply.arrays[i] = out
-            reply.want = None
+        for i, (_, out, _, order) in wanted.items():
+            if order is not None:  # back in the order asked
+                back = np.empty_like(out)
+                back[order] = out
+                out = back
+            reply.arrays[i] = out
+        reply.want = None
         return reply
 
     def check_want(self, want: dict[int, np.ndarray] | None) -> dict[int, np.ndarray] | None:
