@@ -13,6 +13,8 @@ object:
 * ``pass``: samples/s of the partition pass (model cached, second epoch) against
   ``keras.Model.fit`` of the same model, data (as numpy) and batch on the same device, with
   ``steps_per_execution`` equal to the pass's group; ``ratio`` = pass / fit;
+* ``pinned_reads``: the pass at the largest batch with the returned state read through pinned host
+  memory (the JAX backend's default on an accelerator) and through pageable memory, alternating;
 * ``placement``: the device of every variable after the pass, and of the step's outputs;
 * ``cpu_equality``: the same pass from the same state on the CPU, max abs difference of every
   weight after it (GPU float arithmetic differs in the last bits);
@@ -24,11 +26,17 @@ object:
 * ``state_transfer``: the whole state read to the host and written back, per variable against
   batched transfers and pinned host memory;
 * ``prepare_ahead``: the prepare job's task on a fresh worker, then the first pass: whether it
-  found its steps compiled, and its seconds against a second pass.
+  found its steps compiled, and its seconds against a second pass;
+* ``resnet`` (``--resnet-batch`` above 0): ResNet-50 in mixed bfloat16, the allreduce's fused step
+  against the plain compiled train step at that batch: what staging a 25M-parameter gradient
+  through host memory costs on the device (pageable copies, and the vector read through pinned
+  host memory), the figure the GPU projection of ``docs/scaling.md`` leaves out.
 
 Without a GPU it runs on the CPU (the default suite runs it small: ``tests/test_jax_backend.py``).
 
-    KERAS_BACKEND=jax python bench/gpu_check.py --rows 2000000 --batch 512 4096
+    KERAS_BACKEND=jax python bench/gpu_check.py --rows 2000000 --batch 512 4096 --resnet-batch 256
+
+(what ran on the H200 on 2026-11-27, 143 s in one ``device`` call; ``--sections`` picks sections.)
 """
 
 from __future__ import annotations
@@ -112,6 +120,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--group", type=int, default=16, help="steps per call (spark.sparkdl_train.worker.stepsPerExecution)")
     ap.add_argument("--chunk", type=int, default=8192, help="rows per Arrow record batch")
     ap.add_argument("--equality-steps", type=int, default=50)
+    ap.add_argument("--resnet-batch", type=int, default=0, help="ResNet-50 fused-step section at this batch (0: skipped)")
+    ap.add_argument("--resnet-size", type=int, default=224, help="ResNet-50 input height and width")
+    ap.add_argument("--sections", default="pass,cpu_equality,push,fused,state_transfer,prepare_ahead",
+                    help="comma-separated sections to run (resnet runs when --resnet-batch > 0)")
     ap.add_argument("--output")
     args = ap.parse_args(argv)
 
@@ -139,8 +151,9 @@ def main(argv: list[str] | None = None) -> dict:
     payload = serialize_model(driver)
     state = encode_state(driver, include_optimizer=True)
     mapping = resolve_columns(input_infos(driver), {"numeric": DENSE_COLS, "categorical": CAT_COLS}, "label")
+    sections = set(args.sections.split(","))
     out["pass"] = {}
-    for bs in args.batch:
+    for bs in (args.batch if "pass" in sections else []):
         settings = StepSettings(batch_size=bs, group=args.group, keras_backend="jax")
         partition_pass(payload, state, settings, batches, mapping)  # compiles (model rebuilt once per process)
         partial, seconds = partition_pass(payload, state, settings, batches, mapping, epoch=1)
@@ -164,12 +177,29 @@ def main(argv: list[str] | None = None) -> dict:
             "task_info_seconds": steps_seconds, "step_calls": info.get("step_calls"), "startup": info.get("startup"),
         }
         print(json.dumps({"batch": bs, **out["pass"][str(bs)]}), file=sys.stderr, flush=True)
+    if "pass" in sections:
+        out["pinned_reads"] = pinned_reads_ab(payload, state, batches, mapping, args)
+        print(json.dumps({"pinned_reads": out["pinned_reads"]}), file=sys.stderr, flush=True)
 
-    out["cpu_equality"] = cpu_equality(payload, state, batches, mapping, args)
-    out["push"] = push_cost(payload, state, batches, mapping, args)
-    out["fused"] = fused_cost(payload, x_np, y_np, args)
-    out["state_transfer"] = state_transfer(payload)
-    out["prepare_ahead"] = prepare_ahead(payload, state, batches, mapping, args)
+    runs = {
+        "cpu_equality": lambda: cpu_equality(payload, state, batches, mapping, args),
+        "push": lambda: push_cost(payload, state, batches, mapping, args),
+        "fused": lambda: fused_cost(payload, x_np, y_np, args),
+        "state_transfer": lambda: state_transfer(payload),
+        "prepare_ahead": lambda: prepare_ahead(payload, state, batches, mapping, args),
+    }
+    if args.resnet_batch > 0:
+        runs["resnet"] = lambda: resnet_fused(args.resnet_batch, args.resnet_size)
+        sections.add("resnet")
+    for name, run in runs.items():
+        if name in sections:
+            try:
+                out[name] = run()
+            except Exception as exc:  # noqa: BLE001 - one section's failure is reported, the others still run
+                import traceback
+
+                out[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+            print(json.dumps({name: out[name]}, default=str), file=sys.stderr, flush=True)
     out["backend"] = backend.current().NAME
     text = json.dumps(out, indent=1, default=str)
     print(text)
@@ -177,6 +207,27 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args.output, "w") as f:
             f.write(text)
     return out
+
+
+def pinned_reads_ab(payload, state, batches, mapping, args, rounds: int = 2) -> dict:
+    """The averaging task's pass at the largest batch with the state returned through pinned host
+    memory (the JAX backend's default on an accelerator) and without, alternating: seconds of
+    each pass and the medians' ratio."""
+    from sparkdl_train.backend import jax as jax_backend
+    from sparkdl_train.worker.tasks import StepSettings
+
+    bs = max(args.batch)
+    settings = StepSettings(batch_size=bs, group=args.group, keras_backend="jax")
+    times: dict[str, list[float]] = {"pageable": [], "pinned": []}
+    try:
+        for _ in range(rounds):
+            for name, flag in (("pageable", False), ("pinned", None)):
+                jax_backend.PINNED_READS = flag
+                times[name].append(round(partition_pass(payload, state, settings, batches, mapping, epoch=1)[1], 4))
+    finally:
+        jax_backend.PINNED_READS = None
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return {"batch": bs, "seconds": times, "pinned_over_pageable": round(med["pinned"] / med["pageable"], 3)}
 
 
 def _first_rows(batches, rows):
@@ -252,6 +303,9 @@ def push_cost(payload, state, batches, mapping, args) -> dict:
         list(sync.track(iter(window)))
         want = sync.want(window)
         sync.receive([w.numpy() for w in model.weights], None)
+        import jax
+
+        jax.block_until_ready([w.value for w in model.weights])  # the receive's copies are not the push's
         t0 = time.perf_counter()
         delta = sync.delta(1.0)
         d2h = time.perf_counter() - t0
@@ -320,29 +374,39 @@ def state_transfer(payload, repeats: int = 3) -> dict:
     arrays = [np.asarray(a) for a in values]
     out: dict = {"arrays": len(values), "bytes": int(sum(a.nbytes for a in arrays))}
 
-    def best(fn):
+    def best(fn, fresh=None):
+        """``fresh()`` makes the arguments untimed: a jax Array keeps the host copy it was read
+        to once, so every read times new device arrays."""
         times = []
         for _ in range(repeats):
+            arg = fresh() if fresh else None
             t0 = time.perf_counter()
-            fn()
+            fn(arg) if fresh else fn()
             times.append(time.perf_counter() - t0)
         return round(min(times), 5)
 
-    out["read_per_variable"] = best(lambda: [np.asarray(v.numpy()) for v in variables])
-    out["read_device_get"] = best(lambda: jax.device_get([v.value for v in variables]))
+    import jax.numpy as jnp
+
+    def copies():
+        return jax.block_until_ready([jnp.copy(v.value) for v in variables])
+
+    out["read_per_variable"] = best(lambda vals: [np.asarray(a) for a in vals], copies)
+    out["read_device_get"] = best(lambda vals: jax.device_get(vals), copies)
     device = next(iter(values[0].devices()))
     try:
         pinned = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
 
-        def via_pinned():
-            staged = jax.device_put([v.value for v in variables], pinned)
-            return [np.asarray(a) for a in jax.block_until_ready(staged)]
+        def via_pinned(vals):
+            return [np.asarray(a) for a in jax.block_until_ready(jax.device_put(vals, pinned))]
 
-        out["read_pinned_host"] = best(via_pinned)
-        got = via_pinned()
+        out["read_pinned_host"] = best(via_pinned, copies)
+        got = via_pinned(copies())
         out["pinned_equal"] = all(np.array_equal(a, b) for a, b in zip(got, arrays))
     except Exception as exc:  # noqa: BLE001 - a platform without pinned host memory: reported
         out["read_pinned_host"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    from sparkdl_train.backend import jax as jax_backend
+
+    out["read_values"] = best(lambda: jax_backend.read_values(variables))  # what get_state does
 
     def assign_each():
         for v, a in zip(variables, arrays):
@@ -351,6 +415,7 @@ def state_transfer(payload, repeats: int = 3) -> dict:
 
     out["write_per_variable"] = best(assign_each)
     out["write_device_put"] = best(lambda: jax.block_until_ready(jax.device_put(arrays, device)))
+    out["write_values"] = best(lambda: jax_backend.assign_values(variables, arrays))  # what set_state does
     return out
 
 
@@ -396,6 +461,113 @@ def fused_cost(payload, x_np, y_np, args) -> dict:
                         "train_step_seconds": round(plain, 6), "vector_bytes": int(buf.nbytes),
                         "fused_over_plain": round((grad + apply) / plain, 2)}
     return out
+
+
+def resnet_fused(batch_size: int, size: int, repeats: int = 10) -> dict:
+    """ResNet-50 (``keras.applications``, no weights, 1000 classes) under the ``mixed_bfloat16``
+    policy: the plain compiled train step against the allreduce's fused step (forward, backward,
+    the float32 gradient flattened into one vector and copied to the host; the vector copied back,
+    split and applied), and the vector's device-to-host copy alone, pageable and through pinned
+    host memory. Mean of ``repeats`` after one compiling call, seconds."""
+    import jax
+    import keras
+
+    from sparkdl_train import _compat
+    from sparkdl_train.worker.fused_step import cached_fused_step
+    from sparkdl_train.worker.steps import compiled_step
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        keras.utils.set_random_seed(3)
+        model = keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=1000)
+        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="sparse_categorical_crossentropy")
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((batch_size, size, size, 3), dtype=np.float32)
+        y = rng.integers(0, 1000, (batch_size, 1)).astype(np.int32)
+        batch = (x, y, None)
+        _compat.symbolic_build(model, batch)
+
+        def wait():
+            jax.block_until_ready([v.value for v in model.trainable_variables])
+
+        def mean_of(fn):
+            fn()
+            wait()
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            wait()
+            return (time.perf_counter() - t0) / repeats
+
+        train = compiled_step(model, "train", batch)
+        t0 = time.perf_counter()
+        train(batch)
+        wait()
+        compile_train = time.perf_counter() - t0
+        plain = mean_of(lambda: train(batch))
+        step = cached_fused_step(model, batch_size)
+        buf = np.empty(step.size, np.float32)
+        t0 = time.perf_counter()
+        step.trace(batch)
+        step.gradients(batch, buf)
+        step.apply(buf)
+        compile_fused = time.perf_counter() - t0
+        from sparkdl_train.backend import jax as jax_backend
+
+        ab: dict = {}
+        reads = jax_backend.PINNED_READS
+        try:
+            for name, flag in (("pageable", False), ("pinned", None), ("pageable_again", False), ("pinned_again", None)):
+                jax_backend.PINNED_READS = flag
+                ab[name] = {}
+                for part, fn in (("gradients_seconds", lambda: step.gradients(batch, buf)), ("apply_seconds", lambda: step.apply(buf))):
+                    try:
+                        ab[name][part] = round(mean_of(fn), 5)
+                    except Exception as exc:  # noqa: BLE001 - reported
+                        ab[name][part] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        finally:
+            jax_backend.PINNED_READS = reads
+
+        def fastest(part):  # the default (pinned reads where the platform has them)
+            got = [ab[k][part] for k in ("pinned", "pinned_again") if isinstance(ab[k][part], float)]
+            return min(got) if got else float("nan")
+
+        grad, apply = fastest("gradients_seconds"), fastest("apply_seconds")
+        device = jax.devices()[0]
+        import jax.numpy as jnp
+
+        base = jax.device_put(buf[:-1], device).block_until_ready()
+
+        def copy_times(fn, fresh=False):
+            total = 0.0
+            for _ in range(repeats + 1):
+                arg = jnp.copy(base).block_until_ready() if fresh else None
+                t0 = time.perf_counter()
+                fn(arg) if fresh else fn()
+                if _:
+                    total += time.perf_counter() - t0
+            return total / repeats
+
+        out = {"batch": batch_size, "size": size, "parameters": int(step.size - 1),
+               "vector_bytes": int(buf.nbytes), "compile_train_seconds": round(compile_train, 2),
+               "compile_fused_seconds": round(compile_fused, 2), "train_step_seconds": round(plain, 5),
+               "fused_gradients_seconds": round(grad, 5), "fused_apply_seconds": round(apply, 5),
+               "fused_over_plain": round((grad + apply) / plain, 3), "fused_transfers": ab,
+               "d2h_pageable_seconds": round(copy_times(lambda v: np.asarray(jax.device_get(v)), True), 5),
+               "h2d_pageable_seconds": round(copy_times(
+                   lambda: jax.device_put(buf, device, may_alias=False).block_until_ready()), 5)}
+        pinned = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+        for name, fn, fresh in (
+                ("d2h_pinned_seconds", lambda v: np.asarray(jax.device_put(v, pinned).block_until_ready()), True),
+                ("d2h_pinned_to_numpy_copy_seconds", lambda v: np.array(jax.device_put(v, pinned).block_until_ready()), True)):
+            try:
+                out[name] = round(copy_times(fn, fresh), 5)
+            except Exception as exc:  # noqa: BLE001 - a platform without pinned host memory: reported
+                out[name] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        return out
+    finally:
+        keras.config.set_dtype_policy(previous)
 
 
 if __name__ == "__main__":

@@ -25,38 +25,45 @@ def _is_float(a: np.ndarray) -> bool:
     return a.dtype.kind in "fc"
 
 
-@dataclass
 class WeightedMean:
-    """Sample-weighted running mean of a list of arrays (float64 accumulation)."""
+    """Sample-weighted running mean of a list of arrays (float64 accumulation).
 
-    total_weight: float = 0.0
-    sums: list[np.ndarray] | None = None
-    dtypes: list[str] | None = None
-    # one worker's arrays as given to ``of`` (until a merge): what travels instead of the float64
-    # sums, half their bytes for float32 state, rescaled exactly as ``of`` scales them
-    source: list[np.ndarray] | None = field(default=None, repr=False, compare=False)
+    One worker's mean (:meth:`of`) keeps that worker's arrays (``source``: what travels, half the
+    bytes of the float64 sums for float32 state) and scales them into float64 ``sums`` only when
+    something reads the sums (a merge, the result): a worker that returns its state never pays for
+    the sums (twice its state's bytes: 216 MB for the flagship model with its optimizer)."""
+
+    __slots__ = ("total_weight", "_sums", "dtypes", "source")
+
+    def __init__(self, total_weight: float = 0.0, sums: list[np.ndarray] | None = None,
+                 dtypes: list[str] | None = None, source: list[np.ndarray] | None = None):
+        self.total_weight = total_weight
+        self._sums = sums
+        self.dtypes = dtypes
+        self.source = source
+
+    @property
+    def sums(self) -> list[np.ndarray] | None:
+        if self._sums is None and self.source is not None:
+            self._sums = _scaled(self.source, self.total_weight)
+        return self._sums
+
+    @sums.setter
+    def sums(self, value: list[np.ndarray] | None) -> None:
+        self._sums = value
+
+    def __repr__(self) -> str:
+        return f"WeightedMean(total_weight={self.total_weight!r}, arrays={len(self.dtypes or [])})"
 
     @classmethod
     def of(cls, arrays: Sequence[np.ndarray], weight: float) -> "WeightedMean":
+        """One worker's arrays with its weight; the arrays are the caller's no longer (kept, not copied)."""
         if weight < 0:
             raise ValueError(f"weight must be >= 0, got {weight}")
-        acc = cls()
         if weight == 0:
-            return acc
-        acc.total_weight = float(weight)
-        acc.dtypes = [np.asarray(a).dtype.str for a in arrays]
-        sums = []
-        for a in arrays:
-            a = np.asarray(a)
-            if _is_float(a):
-                s = np.array(a, dtype=np.float64, copy=True)
-                np.multiply(s, weight, out=s)  # in place: 0-d arrays must stay arrays
-            else:
-                s = np.array(a, copy=True)
-            sums.append(s)
-        acc.sums = sums
-        acc.source = [np.asarray(a) for a in arrays]
-        return acc
+            return cls()
+        arrays = [np.asarray(a) for a in arrays]
+        return cls(float(weight), None, [a.dtype.str for a in arrays], arrays)
 
     def merge(self, other: "WeightedMean") -> "WeightedMean":
         if other.sums is None:
@@ -84,6 +91,19 @@ class WeightedMean:
             dt = np.dtype(dt)
             out.append(np.asarray(a / self.total_weight, dtype=dt) if dt.kind in "fc" else np.asarray(a, dtype=dt))
         return out
+
+
+def _scaled(arrays: Sequence[np.ndarray], weight: float) -> list[np.ndarray]:
+    """Float arrays as float64 times ``weight``, the others copied."""
+    sums = []
+    for a in arrays:
+        if _is_float(a):
+            s = np.array(a, dtype=np.float64, copy=True)
+            np.multiply(s, weight, out=s)  # in place: 0-d arrays must stay arrays
+        else:
+            s = np.array(a, copy=True)
+        sums.append(s)
+    return sums
 
 
 def sum_states(a: list[np.ndarray] | None, b: list[np.ndarray] | None) -> list[np.ndarray] | None:

@@ -320,22 +320,30 @@ def get_state(model: Any) -> list[np.ndarray]:
     return backend.current().read_values(state_variables(model))
 
 
-def set_state(model: Any, arrays: list[np.ndarray]) -> None:
-    variables = state_variables(model)
+def assign(variables: list, arrays: list[np.ndarray], what: str = "state") -> None:
+    """Give each variable its array's value, checked for count and shape, copied: on JAX's CPU
+    build Keras' ``Variable.assign`` of a numpy array can alias its buffer (when 64-byte aligned),
+    so a caller that then reuses the buffer (a receive buffer, a ring's) would change the model
+    under it; the backend's ``assign_values`` never aliases, and moves the arrays in one batch."""
     if len(variables) != len(arrays):
-        raise ModelError(f"state has {len(arrays)} arrays but the model has {len(variables)} variables")
+        raise ModelError(f"{what} has {len(arrays)} arrays but the model has {len(variables)} variables")
     for v, a in zip(variables, arrays):
-        if tuple(v.shape) != tuple(a.shape):
-            raise ModelError(f"state array for {v.path!r} has shape {a.shape}, expected {tuple(v.shape)}")
+        if tuple(v.shape) != tuple(np.shape(a)):
+            raise ModelError(f"{what} array for {v.path!r} has shape {np.shape(a)}, expected {tuple(v.shape)}")
     backend.current().assign_values(variables, arrays)
 
 
+def set_state(model: Any, arrays: list[np.ndarray]) -> None:
+    assign(state_variables(model), arrays)
+
+
+def set_weights(model: Any, arrays: list[np.ndarray]) -> None:
+    """``model.set_weights`` through :func:`assign`."""
+    assign(list(model.weights), arrays, "weights")
+
+
 def set_optimizer_state(model: Any, arrays: list[np.ndarray]) -> None:
-    variables = model.optimizer.variables
-    if len(variables) != len(arrays):
-        raise ModelError(f"optimizer state has {len(arrays)} arrays but the optimizer has {len(variables)} variables")
-    for v, a in zip(variables, arrays):
-        v.assign(a)
+    assign(list(model.optimizer.variables), arrays, "optimizer state")
 
 
 def get_metric_state(model: Any) -> list[np.ndarray]:
@@ -349,10 +357,7 @@ def set_metric_state(model: Any, arrays: list[np.ndarray]) -> None:
             f"workers reported {len(arrays)} metric variables but the driver's model has {len(variables)}; "
             "were the metrics changed after the model was handed to SparkModel?"
         )
-    for v, a in zip(variables, arrays):
-        if tuple(v.shape) != tuple(a.shape):
-            raise ModelError(f"metric variable {v.path!r}: shape {a.shape} != {tuple(v.shape)}")
-        v.assign(a.astype(v.dtype) if hasattr(a, "astype") else a)
+    assign(list(variables), arrays, "metric state")
 
 
 def metrics_result(model: Any) -> dict[str, float]:

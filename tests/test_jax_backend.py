@@ -134,6 +134,21 @@ def test_gpu_check_runs_the_executor_pass_on_the_cpu(tmp_path):
     assert r["fused"]["256"]["vector_bytes"] % 4 == 0 and r["fused"]["256"]["gradients_seconds"] > 0
 
 
+def test_host_arrays_handed_to_a_jax_model_are_copied_never_aliased():
+    """The cause of the allreduce's occasional NaN rank on JAX: on the CPU, JAX keeps a 64-byte-aligned
+    numpy buffer as an array's storage (Keras' ``assign``, and ``device_put`` even with
+    ``may_alias=False``), and the ring reused its summed vector while the update still read it.
+    Every path that hands host arrays to the model, each buffer aligned and overwritten right after
+    (the update not waited for), keeps the values it was given (tests/jax_aliasing.py)."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "jax_aliasing.py")], capture_output=True, text=True,
+                          timeout=300, env=dict(_env(), KERAS_BACKEND="jax"), cwd=os.path.join(ROOT, "tests"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r.pop("keras_assign_aliased")  # the platform's behaviour (True with JAX 0.10's CPU build), not this project's
+    assert r == {"set_weights": True, "set_state": True, "table_sync_receive_whole": True, "fused_apply": True,
+                 "scatter_rows": True, "metric_state": True}, r
+
+
 def test_a_backend_sparkdl_train_cannot_train_on_is_refused_naming_the_supported_ones():
     with pytest.raises(ConfigError, match="tensorflow and jax backends.*'torch'"):
         backend.check_supported("torch")

@@ -32,7 +32,8 @@ A backend module provides:
     ``variable[ids] = rows``.
 ``read_values(variables)``, ``assign_values(variables, arrays)``
     Many variables to the host and back (a model's state between tasks and the driver): JAX moves
-    them in one batched transfer each way instead of one waited-for copy per variable.
+    them in one batched transfer each way instead of one waited-for copy per variable, reading
+    through pinned host memory on an accelerator. The arrays read are not written into.
 ``gpu_count()``, ``device_scope(device)``, ``device_name(ordinal)``, ``device_of(variable)``
     Placement on the task's GPU (:mod:`sparkdl_train.worker.gpu`).
 

@@ -114,20 +114,79 @@ class _Compiled:
 
 
 def _owned(data: Any) -> Any:
-    """``data`` with every numpy array copied to the default device, the copy finished on return.
-    JAX may read a numpy argument of a compiled call in place (CPU), or copy it to the device
-    after the call returned (transfers are asynchronous), while callers reuse their buffers: the
-    allreduce's gradient vector (summed in place by the ring, zeroed for the next step) was read
-    half-changed by the last ``apply`` (one rank's weights NaN, the ranks' digests apart), and a
-    push reply's receive buffer is the next request's."""
+    """``data`` with every numpy array copied to the default device, the copy finished on return
+    (:func:`_to_device`). JAX may read a numpy argument of a compiled call in place (CPU), or copy
+    it to the device after the call returned (transfers are asynchronous), while callers reuse
+    their buffers: the allreduce's gradient vector (summed in place by the ring, zeroed for the
+    next step) was read half-changed by the last ``apply`` (one rank's weights NaN, the ranks'
+    digests apart), and a push reply's receive buffer is the next request's."""
+    leaves = [a for a in tree_leaves(data) if isinstance(a, np.ndarray)]
+    if not leaves:
+        return data
+    moved = iter(_to_device(leaves))
+    return tree_map(lambda a: next(moved) if isinstance(a, np.ndarray) else a, data)
+
+
+def _default_device() -> Any:
     import jax
 
-    def own(a: Any) -> Any:
-        if not isinstance(a, np.ndarray):
-            return a
-        return jax.device_put(a, may_alias=False).block_until_ready()
+    device = jax.config.jax_default_device
+    if isinstance(device, str):
+        return jax.devices(device)[0]
+    return device if device is not None else jax.devices()[0]
 
-    return tree_map(own, data)
+
+#: Whether large device-to-host copies (a model's state read for the driver, the allreduce's
+#: fused gradient vector) land in pinned (page-locked) host memory: ``None`` (the default) where the
+#: platform has it, ``False`` never. On an H200 (2026-11-27, ``bench/gpu_check.py``): the flagship
+#: model's 108 MB state in 3.9 ms against 25 ms through pageable memory, the averaging task's pass
+#: at batch 4096 0.85x the time. Writes were measured too and gained nothing (9.7 against 9.1 ms):
+#: host-to-device copies stay plain.
+PINNED_READS: bool | None = None
+
+
+def _pinned(device: Any) -> Any:
+    """The pinned-host sharding for ``device``'s reads, or None (a CPU, :data:`PINNED_READS` off,
+    a jaxlib or platform without pinned host memory)."""
+    import jax
+
+    if PINNED_READS is False or device.platform == "cpu":
+        return None
+    try:
+        if "pinned_host" not in {m.kind for m in device.addressable_memories()}:
+            return None
+    except (AttributeError, NotImplementedError):
+        return None
+    return jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+
+
+def _to_host(values: list[Any], own: bool = True) -> list[np.ndarray]:
+    """Device arrays on the host, the copies started together, never written into by the caller.
+    On an accelerator with pinned host memory they land there and come back as views of those
+    buffers (no second copy into pageable memory: 26 ms more for 100 MB). On the CPU ``own``
+    copies them out of the arrays' own buffers (which JAX may reuse once the arrays are gone)."""
+    import jax
+
+    devices = {d for a in values for d in a.devices()}
+    pinned = _pinned(next(iter(devices))) if len(devices) == 1 else None
+    if pinned is not None:
+        return [np.asarray(a) for a in jax.block_until_ready(jax.device_put(values, pinned))]
+    got = jax.device_get(values)
+    return [np.require(a, requirements="W") for a in got] if own else [np.asarray(a) for a in got]
+
+
+def _to_device(arrays: list[np.ndarray]) -> list[Any]:
+    """Host arrays copied to the default device, finished on return, aliasing nothing of the
+    caller's (who may reuse them). On the CPU, ``jax.device_put`` keeps a 64-byte-aligned numpy
+    buffer as the array's storage even with ``may_alias=False`` (JAX 0.10): JAX gets a private
+    copy there. That aliasing, by the alignment of whatever buffer the ring or a receive had, was
+    the cause of the allreduce's occasional NaN rank (tests/jax_aliasing.py)."""
+    import jax
+
+    device = _default_device()
+    if device.platform == "cpu":
+        arrays = [np.array(a, copy=True) for a in arrays]
+    return jax.block_until_ready(jax.device_put(arrays, device, may_alias=False))
 
 
 def _groups(model: Any, kind: str) -> list[list[Any]]:
@@ -322,18 +381,13 @@ class FusedStep(FusedLayout):
         args = self._args(tuple(batch))
         flat, new = self._gradients(list(_read(groups)), *args)
         _write(groups[1:3], new)
-        np.copyto(out, np.asarray(flat))
+        np.copyto(out, _to_host([flat], own=False)[0])  # copied into ``out`` right away
         return int(np.shape(first_input(batch[0]))[0])
 
     def apply(self, summed: np.ndarray) -> None:
-        import jax
-
         groups = [self.variables, self._grad_groups()[3]]
-        # waited for: with the update still running while the next step's gradient was dispatched,
-        # one rank of a two-rank ring on a reused worker came out NaN now and then (2026-11-26, on
-        # local-cluster; gone with the wait, cause not found). The next step needs the update anyway
-        new = jax.block_until_ready(self._apply(list(_read(groups)), summed))
-        _write(groups, new)
+        # not waited for: ``summed`` is on the device, copied (the ring reuses the buffer at once)
+        _write(groups, self._apply(list(_read(groups)), *_to_device([summed])))
 
 
 # -- parameter-server pushes ----------------------------------------------------------------------
@@ -386,12 +440,7 @@ class VariableIO(FlatLayout):
         return np.asarray(flat), [np.asarray(r) for r in rows]
 
     def write(self, flat: np.ndarray, ids: list[np.ndarray], rows: list[np.ndarray]) -> None:
-        import jax
-
-        # waited for, as FusedStep.apply is (without it a PS fit followed by allreduce on the same
-        # workers went NaN on one rank)
-        dense_new, tables_new = jax.block_until_ready(
-            self._write([t.value for t in self.tables], *_owned((flat, list(ids), list(rows)))))
+        dense_new, tables_new = self._write([t.value for t in self.tables], *_owned((flat, list(ids), list(rows))))
         for v, x in zip(self.dense, dense_new):
             _compat.assign_raw(v, x)
         for t, x in zip(self.tables, tables_new):
@@ -414,22 +463,17 @@ def scatter_rows(var: Any, ids: np.ndarray, rows: np.ndarray) -> None:
 
 
 def read_values(variables: list[Any]) -> list[np.ndarray]:
-    """Every variable on the host, writable: ``jax.device_get`` of the list starts all the copies
-    before waiting for any (``v.numpy()`` per variable waits for each in turn: 40 copies, 108 MB,
-    for the flagship model's state after an averaging task)."""
-    import jax
-
-    return [np.require(a, requirements="W") for a in jax.device_get([v.value for v in variables])]
+    """Every variable on the host (callers never write into them): the copies started together
+    (``v.numpy()`` per variable waits for each in turn: 40 copies, 108 MB, for the flagship model's
+    state after an averaging task), through pinned host memory on an accelerator (:func:`_to_host`)."""
+    return _to_host([v.value for v in variables])
 
 
 def assign_values(variables: list[Any], arrays: list[np.ndarray]) -> None:
     """``v.assign(a)`` for each pair, the host-to-device copies started together and finished before
     return (the caller may reuse its arrays: see :func:`_owned`)."""
-    import jax
-
     host = [np.asarray(a, dtype=np.dtype(v.dtype)) for v, a in zip(variables, arrays)]
-    on_device = jax.block_until_ready(jax.device_put(host, may_alias=False))
-    for v, x in zip(variables, on_device):
+    for v, x in zip(variables, _to_device(host)):
         _compat.assign_raw(v, x)
 
 

@@ -43,7 +43,7 @@ from ..allreduce.transport import Group, PeerAborted, rendezvous
 from ..data.batching import Batch, num_rows
 from ..errors import SparkDLError
 from ..merge import Partial, WeightedMean
-from ..model_io import get_metric_state, get_state, set_state
+from ..model_io import assign, get_metric_state, get_state, set_state
 from ..net.tls import TlsIdentity
 from .fused_step import cached_fused_step
 from .replay import Replay
@@ -365,10 +365,10 @@ def _sync_non_trainable(model: Any, link: Any, rank: int, size: int, samples: in
         buf = np.concatenate([*(a * samples for a in arrays), [float(samples)]])
         ring.allreduce_sum(buf, link, rank, size)
         if buf[-1] > 0:
-            pos = 0
+            means, pos = [], 0
             for v, a in zip(floats, arrays):
-                v.assign((buf[pos : pos + a.size] / buf[-1]).reshape(v.shape).astype(np.dtype(v.dtype)))
+                means.append((buf[pos : pos + a.size] / buf[-1]).reshape(v.shape).astype(np.dtype(v.dtype)))
                 pos += a.size
+            assign(floats, means, "non-trainable state")
     if others:
-        for v, a in zip(others, _broadcast_arrays([np.asarray(v.numpy()) for v in others], link, rank, size)):
-            v.assign(a)
+        assign(others, _broadcast_arrays([np.asarray(v.numpy()) for v in others], link, rank, size), "non-trainable state")

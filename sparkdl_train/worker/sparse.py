@@ -25,7 +25,7 @@ import numpy as np
 from .. import backend
 from ..data.batching import Batch
 from ..errors import DataError
-from ..model_io import state_variables
+from ..model_io import assign, state_variables
 from ..ps.state import SparseRows
 
 
@@ -178,13 +178,15 @@ class TableSync:
         # one compiled call assigns it all (with no tables: every weight); whole tables (no
         # window read ahead) go eagerly
         compiled = self._io is not None and (want is not None or not self.tables)
-        if not compiled:
-            for i in self._dense:
-                self._weights[i].assign(arrays[i])
+        # copied, never aliased: ``arrays`` are views into the client's receive buffer, which the
+        # next reply overwrites (model_io.assign says why that matters on JAX)
+        eager = [] if compiled else list(self._dense)
+        eager += [t.index for t in self.tables if want is None]
+        if eager:
+            assign([self._weights[i] for i in eager], [arrays[i] for i in eager], "the server's reply")
         for t in self.tables:
             got = arrays[t.index]
             if want is None:
-                self._vars[t.index].assign(got)
                 self._base[t.index][...] = got
                 continue
             ids = want[t.index]

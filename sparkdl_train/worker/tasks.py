@@ -22,7 +22,7 @@ from ..data.batching import Batch, rebatch
 from ..data.finite import Screen
 from ..data.prefetch import prefetch
 from ..merge import Partial, WeightedMean
-from ..model_io import get_metric_state, get_state, set_state
+from ..model_io import get_metric_state, get_state, set_state, set_weights
 from . import gpu, runtime
 from .report import Reporter, ReportSettings
 from .steps import predict_batches, run_steps
@@ -47,7 +47,7 @@ def apply_state(model: Any, blob: bytes) -> None:
     if meta["optimizer"]:
         set_state(model, arrays)
     else:
-        model.set_weights(arrays)
+        set_weights(model, arrays)
 
 
 @dataclass(frozen=True)

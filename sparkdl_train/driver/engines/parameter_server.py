@@ -14,7 +14,7 @@ from typing import Any
 
 from ...config import EngineConfig
 from ...data.adapters import DataAdapter
-from ...model_io import metrics_result, set_metric_state, set_optimizer_state
+from ...model_io import metrics_result, set_metric_state, set_optimizer_state, set_weights
 from ...net import new_identity, new_secret
 from ...ps.protocol import dense_exchange_bytes
 from ...ps.server import ParameterServer
@@ -107,7 +107,7 @@ class ParameterServerEngine(Engine):
 
     def stopped(self, model: Any) -> None:
         """An epoch was cancelled midway: take the server's weights, the latest there are."""
-        model.set_weights(self.state.snapshot())
+        set_weights(model, self.state.snapshot())
 
     def train_epoch(self, ctx: EpochContext) -> tuple[dict[str, Any], EpochStats]:
         model, settings, epoch = ctx.model, ctx.settings, ctx.epoch
@@ -119,7 +119,7 @@ class ParameterServerEngine(Engine):
         )
         self.state.begin_epoch(self.workers)
         partial, stats = run_epoch(ctx, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r))
-        model.set_weights(self.state.snapshot())
+        set_weights(model, self.state.snapshot())
         if partial.model.sums is not None:
             set_optimizer_state(model, partial.model.result())
         set_metric_state(model, partial.metrics)
