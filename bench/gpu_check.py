@@ -36,7 +36,8 @@ Without a GPU it runs on the CPU (the default suite runs it small: ``tests/test_
 
     KERAS_BACKEND=jax python bench/gpu_check.py --rows 2000000 --batch 512 4096 --resnet-batch 256
 
-(what ran on the H200 on 2026-11-27, 143 s in one ``device`` call; ``--sections`` picks sections.)
+(what ran on the H200 on 2026-11-27, 143 s in one ``device`` call; ``--sections`` picks sections;
+``--sections pass --repeats 5`` gave the medians in docs/performance.md, 66 s.)
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--group", type=int, default=16, help="steps per call (spark.sparkdl_train.worker.stepsPerExecution)")
     ap.add_argument("--chunk", type=int, default=8192, help="rows per Arrow record batch")
     ap.add_argument("--equality-steps", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=1, help="timed passes and fits per batch, alternating (medians)")
     ap.add_argument("--resnet-batch", type=int, default=0, help="ResNet-50 fused-step section at this batch (0: skipped)")
     ap.add_argument("--resnet-size", type=int, default=224, help="ResNet-50 input height and width")
     ap.add_argument("--sections", default="pass,cpu_equality,push,fused,state_transfer,prepare_ahead",
@@ -176,6 +178,19 @@ def main(argv: list[str] | None = None) -> dict:
             "fit_samples_per_s": round(args.rows / fit_seconds), "ratio": round(fit_seconds / seconds, 3),
             "task_info_seconds": steps_seconds, "step_calls": info.get("step_calls"), "startup": info.get("startup"),
         }
+        if args.repeats > 1:  # alternating, the medians' ratio (one pass against one fit moves 0.93-1.46x)
+            passes, steps, fits = [seconds], [steps_seconds], [fit_seconds]
+            for _ in range(args.repeats - 1):
+                p, sec = partition_pass(payload, state, settings, batches, mapping, epoch=1)
+                passes.append(sec)
+                steps.append(p.partitions[0].get("seconds"))
+                t1 = time.perf_counter()
+                ref.fit(x_np, y_np, batch_size=bs, epochs=1, shuffle=False, verbose=0)
+                fits.append(time.perf_counter() - t1)
+            out["pass"][str(bs)]["repeated"] = {
+                "pass_seconds": [round(x, 4) for x in passes], "steps_seconds": steps, "fit_seconds": [round(x, 4) for x in fits],
+                "median_ratio": round(float(np.median(fits)) / float(np.median(passes)), 3),
+                "median_beyond_steps_seconds": round(float(np.median(np.subtract(passes, steps))), 4)}
         print(json.dumps({"batch": bs, **out["pass"][str(bs)]}), file=sys.stderr, flush=True)
     if "pass" in sections:
         out["pinned_reads"] = pinned_reads_ab(payload, state, batches, mapping, args)

@@ -152,12 +152,17 @@ def _pinned(device: Any) -> Any:
 
     if PINNED_READS is False or device.platform == "cpu":
         return None
-    try:
-        if "pinned_host" not in {m.kind for m in device.addressable_memories()}:
-            return None
-    except (AttributeError, NotImplementedError):
-        return None
-    return jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+    if device not in _PINNED:
+        try:
+            kinds = {m.kind for m in device.addressable_memories()}
+        except Exception:  # noqa: BLE001 - a capability probe: a jaxlib or plugin without memory kinds reads plainly
+            kinds = set()
+        _PINNED[device] = (jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+                           if "pinned_host" in kinds else None)
+    return _PINNED[device]
+
+
+_PINNED: dict[Any, Any] = {}  # device -> its pinned-host sharding, or None
 
 
 def _to_host(values: list[Any], own: bool = True) -> list[np.ndarray]:
