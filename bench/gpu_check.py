@@ -234,13 +234,14 @@ def pinned_reads_ab(payload, state, batches, mapping, args, rounds: int = 2) -> 
     bs = max(args.batch)
     settings = StepSettings(batch_size=bs, group=args.group, keras_backend="jax")
     times: dict[str, list[float]] = {"pageable": [], "pinned": []}
+    previous = jax_backend.PINNED_READS
     try:
         for _ in range(rounds):
             for name, flag in (("pageable", False), ("pinned", None)):
                 jax_backend.PINNED_READS = flag
                 times[name].append(round(partition_pass(payload, state, settings, batches, mapping, epoch=1)[1], 4))
     finally:
-        jax_backend.PINNED_READS = None
+        jax_backend.PINNED_READS = previous
     med = {k: float(np.median(v)) for k, v in times.items()}
     return {"batch": bs, "seconds": times, "pinned_over_pageable": round(med["pinned"] / med["pageable"], 3)}
 
@@ -556,11 +557,11 @@ def resnet_fused(batch_size: int, size: int, repeats: int = 10) -> dict:
 
         def copy_times(fn, fresh=False):
             total = 0.0
-            for _ in range(repeats + 1):
+            for i in range(repeats + 1):  # the first call warms up, untimed
                 arg = jnp.copy(base).block_until_ready() if fresh else None
                 t0 = time.perf_counter()
                 fn(arg) if fresh else fn()
-                if _:
+                if i:
                     total += time.perf_counter() - t0
             return total / repeats
 

@@ -48,10 +48,6 @@ class WeightedMean:
             self._sums = _scaled(self.source, self.total_weight)
         return self._sums
 
-    @sums.setter
-    def sums(self, value: list[np.ndarray] | None) -> None:
-        self._sums = value
-
     def __repr__(self) -> str:
         return f"WeightedMean(total_weight={self.total_weight!r}, arrays={len(self.dtypes or [])})"
 
