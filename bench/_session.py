@@ -13,8 +13,8 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def session(master: str):
-    """A SparkSession on ``master``; a local-cluster waits for all its executors and gives them the checkout."""
+def session(master: str, conf: dict[str, str] | None = None):
+    """A SparkSession on ``master`` (and ``conf``); a local-cluster waits for all its executors and gives them the checkout."""
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
@@ -23,6 +23,8 @@ def session(master: str):
     if master.startswith("local-cluster"):
         builder = (builder.config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
                    .config("spark.executorEnv.PYTHONPATH", os.path.join(HERE, "..")))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -38,11 +38,20 @@ def resnet(step_s: float, n: int, staging_s: float = 0.0) -> sm.Workload:
                        step_cv=0.05, fused_call_s=staging_s)
 
 
-def deepfm(n: int) -> sm.Workload:
-    """The flagship DeepFM at batch 512 (0.86 ms on the H200), 1M-id tables (36 MB), 45M-row epochs split over n."""
+# the same for the DeepFM (batch 512, 1M-id tables): a fused step's gradients 9.6 ms and apply 9.0 ms
+# against a 1.24 ms train step (bench/gpu_check.py, H200, 2026-11-27): the 36 MB of tables each way
+DEEPFM_STAGING_S = 0.0096 + 0.0090 - 0.00124
+# with the tables' gradients as rows: what is staged instead, one step's touched rows (13.2k of 1M,
+# uniform draws) with their ids and the 65 KB of dense weights, against the whole vector
+DEEPFM_ROWS_SHARE = (13.2e3 * (36 + 8) + 65e3) / (36e6 + 65e3)
+
+
+def deepfm(n: int, staging_s: float = 0.0) -> sm.Workload:
+    """The flagship DeepFM at batch 512 (0.86 ms on the H200), 1M-id tables (36 MB), 45M-row epochs split over n;
+    ``staging_s``: the fused step's cost beyond a train step (host staging)."""
     return sm.Workload("DeepFM", 0.86e-3, 512, dense_bytes=65e3, table_bytes=36e6, rows_per_batch=512 * 26, row_bytes=36,
                        table_rows=1e6, steps_per_epoch=int(45e6 / 512 / n), step_cv=0.05, push_fixed_s=0.55e-3,
-                       push_byte_s=9.5e-9)
+                       push_byte_s=9.5e-9, id_bytes=8.0, fused_call_s=staging_s)
 
 
 def table(title: str, make, engines: list[sm.Engine], net: sm.Network) -> list[dict]:
@@ -65,11 +74,11 @@ def plot(out: dict, path: str, gbps: float) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(out), figsize=(6 * len(out), 5), sharey=True)
+    fig, axes = plt.subplots(1, len(out), figsize=(6 * len(out), 7.5), sharey=True)
     for ax, (title, rows) in zip(axes, out.items()):
         for i, row in enumerate(rows):
             style = "-" if "stage" in row["engine"] else "--"
-            ax.plot(CURVE, [row[str(n)] for n in CURVE], style, marker=".", label=row["engine"], color=plt.cm.tab10(i % 10))
+            ax.plot(CURVE, [row[str(n)] for n in CURVE], style, marker=".", label=row["engine"], color=plt.cm.tab20(i % 20))
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 1.05)
         ax.axhline(0.85, color="grey", linewidth=0.5)
@@ -77,7 +86,7 @@ def plot(out: dict, path: str, gbps: float) -> None:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("workers")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower left")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1, frameon=False)  # below: no curve hidden
     axes[0].set_ylabel("projected scaling efficiency")
     fig.suptitle(f"sparkdl_train on GPUs: H200 step times, {gbps:g} Gb/s, this project's measured constants "
                  "(bench/gpu_projection.py)", fontsize=11)
@@ -120,6 +129,15 @@ def main() -> None:
         sm.Engine("ps", "asynchronous", 4),
         sm.Engine("allreduce", precision=4),
         sm.Engine("allreduce", precision=4, epochs_per_stage=k),
+        # the tables' gradients as the rows each step touched (allreduce.sparseGradients)
+        sm.Engine("allreduce", precision=4, epochs_per_stage=k, sparse_rows=True),
+        sm.Engine("allreduce", precision=2, epochs_per_stage=k, sparse_rows=True),
+        # as each runs on a GPU today: the fused step's host staging, measured for whole tables; for rows,
+        # scaled by the bytes staged (an estimate: no GPU run of it yet)
+        (sm.Engine("allreduce", precision=4, epochs_per_stage=k), lambda n: deepfm(n, DEEPFM_STAGING_S),
+         ", host staging as measured"),
+        (sm.Engine("allreduce", precision=4, epochs_per_stage=k, sparse_rows=True),
+         lambda n: deepfm(n, DEEPFM_STAGING_S * DEEPFM_ROWS_SHARE), ", host staging scaled by bytes"),
         sm.Engine("allreduce", average="state"),
         sm.Engine("allreduce", average="state", epochs_per_stage=k),
         sm.Engine("allreduce", average="state", epochs_per_stage=k, state_bytes=4),

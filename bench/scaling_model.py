@@ -66,6 +66,7 @@ class Workload:
     table_bytes: float = 0.0  # fp32 bytes of the embedding tables
     rows_per_batch: float = 0.0  # distinct table rows one batch touches
     row_bytes: float = 0.0  # bytes of one table row
+    id_bytes: float = 4.0  # bytes of ids sent with one touched row (one int32 per table: 8 for DeepFM's two)
     table_rows: float = 0.0  # rows of all tables together
     steps_per_epoch: int = 1000  # per worker (weak scaling: fixed per worker)
     step_cv: float = 0.05  # coefficient of variation of a step's time (stragglers)
@@ -133,6 +134,9 @@ class Engine:
     average: str = "gradients"  # allreduce: "gradients" every step, or the model's "state" once per epoch
     state_bytes: int = 8  # allreduce, average="state": bytes per summed value (8: float64, 4: float32)
     touches: bool = False  # allreduce, average="state": table rows weighted by lookups (one summed weight per row)
+    # allreduce of gradients: the tables' gradients as the rows one step touched, gathered from every
+    # rank (allreduce.sparseGradients) instead of in the dense ring
+    sparse_rows: bool = False
     # allreduce of gradients, designs not built here (what the goals would need; docs/scaling.md):
     overlap: float = 0.0  # the share of a step's compute the exchange can hide behind (buckets sent during backward)
     # overlap's bucket size (allreduce.bucketBytes): the last bucket (the first layers) leaves when the
@@ -148,7 +152,7 @@ class Engine:
         if self.kind == "allreduce":
             what = (f"allreduce state/epoch{', float32 sums' if self.state_bytes == 4 else ''}"
                     f"{', touches' if self.touches else ''}" if self.average == "state"
-                    else f"allreduce fp{self.precision * 8}")
+                    else f"allreduce fp{self.precision * 8}{', sparse rows' if self.sparse_rows else ''}")
             extra = ((f", overlap {self.overlap:.2f}" if self.overlap else "")
                      + (f", {self.bucket_bytes / 2**20:g} MiB buckets" if self.overlap and self.bucket_bytes else "")
                      + (f", hop {self.hop_s * 1e6:g} us" if self.hop_s is not None else "")
@@ -172,6 +176,15 @@ def straggler(n: int, cv: float) -> float:
     ``cv`` is the spread of what the n workers wait for each other over (a step, a round of k
     steps: cv/sqrt(k), an epoch)."""
     return 1.0 + cv * math.sqrt(2.0 * math.log(n)) if n > 1 else 1.0
+
+
+def allgather_seconds(n: int, block_bytes: float, net: Network, ring: Ring) -> dict[str, float]:
+    """A ring allgather of every rank's ``block_bytes`` (variable length: its lengths travel first, one
+    more round of n - 1 hops), as the sparse gradients of allreduce.sparseGradients travel."""
+    if n == 1:
+        return {}
+    return {"rows_bandwidth": (n - 1) * block_bytes / net.bandwidth,
+            "rows_latency": 2.0 * (n - 1) * (net.latency_s + ring.hop_s)}
 
 
 def ring_seconds(n: int, grad_bytes: float, net: Network, ring: Ring) -> dict[str, float]:
@@ -252,7 +265,7 @@ def predict(engine: Engine, w: Workload, n: int, net: Network, server: Server, r
                                     + (w.table_rows * engine.state_bytes if engine.touches else 0.0), net, ring),
                      "spark": per_epoch}
             return _done(n, n * steps * w.batch / sum(parts.values()), ideal, parts)
-        grad = w.model_bytes * engine.precision / 4.0
+        grad = (w.dense_bytes if engine.sparse_rows else w.model_bytes) * engine.precision / 4.0
         nodes = max(1, math.ceil(n / engine.gpus_per_node))
         hops = ring if engine.hop_s is None else replace(ring, hop_s=engine.hop_s)
         comm = ring_seconds(nodes, grad, net, hops)
@@ -261,6 +274,9 @@ def predict(engine: Engine, w: Workload, n: int, net: Network, server: Server, r
             last = min(1.0, engine.bucket_bytes / grad) if engine.bucket_bytes else 0.0
             exposed = max(total * last, total - engine.overlap * w.compute_s)
             comm = {k: v * exposed / total for k, v in comm.items()} if total > 0 else comm
+        if engine.sparse_rows and w.row_bytes:  # after the vector, not hidden
+            rows = w.touched_bytes(1) / w.row_bytes * engine.gpus_per_node  # distinct rows one step (one node) touches
+            comm.update(allgather_seconds(nodes, rows * (w.row_bytes * engine.precision / 4.0 + w.id_bytes), net, hops))
         step = {"compute": w.compute_s, "stragglers": w.compute_s * (slow - 1.0), **comm}
         step["spark"] = per_epoch / w.steps_per_epoch
         return _done(n, n * w.batch / sum(step.values()), ideal, step)

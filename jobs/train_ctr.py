@@ -49,6 +49,9 @@ def parse_args(argv: list[str]) -> dict:
     p.add_argument("--table-average", choices=["samples", "touches"], dest="table_average",
                    help="allreduce --frequency epoch: weight each embedding row by the ranks' samples or by how often "
                         "each looked the row up")
+    p.add_argument("--sparse-gradients", choices=["auto", "on", "off"], dest="sparse_gradients",
+                   help="allreduce --frequency batch: the embedding tables' gradients travel as the rows each step "
+                        "looked up ('on'), whole ('off'), or by rows where that moves fewer bytes ('auto', the default)")
     p.add_argument("--batch-size", type=int, dest="batch_size")
     p.add_argument("--workers", type=int, help="training partitions (default: default parallelism)")
     p.add_argument("--embed-dim", type=int, dest="embed_dim")
@@ -83,6 +86,9 @@ def parse_args(argv: list[str]) -> dict:
     cfg["ring"] = {k: cfg.get(k) for k in ("epochs_per_stage", "table_average")
                    if cfg.get(k) is not None and (args.get(k) is not None or (
                        cfg["mode"] == "allreduce" and (k == "epochs_per_stage" or cfg["frequency"] == "epoch")))}
+    sparse = cfg.pop("sparse_gradients", None)
+    if sparse not in (None, "auto"):
+        cfg["ring"]["sparse_gradients"] = sparse == "on"
     return cfg
 
 
@@ -95,7 +101,8 @@ def communication(stats) -> dict:
         return {"engine": "allreduce", "average": server["average"], "bytes_per_step": moved / max(1, server["steps"]),
                 "bytes_per_epoch": moved / max(1, len(stats.epochs)), "stages": server.get("stages"),
                 "table_average": server.get("table_average"), "row_weighted_tables": server.get("row_weighted_tables"),
-                "compression": server["compression"], "epochs_per_stage": server["epochs_per_stage"]}
+                "compression": server["compression"], "epochs_per_stage": server["epochs_per_stage"],
+                "sparse_gradients": server.get("sparse_gradients", [])}
     if "updates" in server:
         return {
             "engine": "parameter_server",
@@ -284,7 +291,9 @@ def main(argv: list[str], spark=None) -> dict:
         print(f"communication {comm['bytes_per_epoch'] / 1e6:.1f} MB per epoch (all ranks: the state averaged through the ring; "
               f"{len(summary['history']['loss'])} epochs in {comm['stages']} barrier stage(s))")
     elif comm["engine"] == "allreduce":
-        print(f"communication {comm['bytes_per_step'] / 1e3:.1f} kB per step (all ranks, dense gradients)")
+        tables = comm["sparse_gradients"]
+        print(f"communication {comm['bytes_per_step'] / 1e3:.1f} kB per step (all ranks; "
+              + (f"{', '.join(tables)} by the rows each step touched, the rest dense)" if tables else "dense gradients)"))
     print(f"model saved   {model_path}")
     if own_session:
         spark.stop()

@@ -424,6 +424,13 @@ class AllreduceConfig(_Group):
         "the earlier layers' gradients are still computed; the update waits for the last bucket (Horovod's and DDP's "
         "overlap). 0: one vector, sent after the backward pass. The same result either way; each epoch's stats "
         "report the seconds of exchange hidden.", inert=(0,))
+    sparse_gradients: bool | None = setting(
+        "allreduce.sparseGradients", None, Bool(optional=True),
+        "frequency='batch': the gradients of embedding tables read straight from a model input travel as "
+        "the rows each step looked up (ids and rows, gathered from every rank) instead of whole tables; every rank adds "
+        "them into the table's gradient in rank order, so the update is the dense exchange's. None: for each table whose "
+        "rows of a batch (at most batch_size x the ids an example looks up, from every rank) are fewer bytes than the "
+        "dense ring's share of it; True: every such table; False: whole tables.", inert=(None, False))
     lr_scaling: str = setting(
         "allreduce.lrScaling", "none", Choice(LR_SCALINGS, "lr_scaling"),
         "'linear' multiplies a constant learning rate by the number of ranks on the executors ('sqrt': by its square root).")
@@ -536,7 +543,8 @@ class EngineConfig:
                                       "frequency='batch' averages gradients (see compression)")
         if core.mode == "allreduce" and core.frequency == "epoch":
             ar = groups["allreduce"]
-            for name, inert in (("compression", (None, "none")), ("lr_scaling", ("none",)), ("bucket_bytes", (0,))):
+            for name, inert in (("compression", (None, "none")), ("lr_scaling", ("none",)), ("bucket_bytes", (0,)),
+                                ("sparse_gradients", (None, False))):
                 if getattr(ar, name) not in inert:
                     raise ConfigError(f"{name}={getattr(ar, name)!r} applies to gradients (allreduce, frequency='batch'); "
                                       "frequency='epoch' averages the model's state in float64")

@@ -4,7 +4,8 @@ import TensorFlow once for all three (each job's own assertions are the test's):
 
 * the flagship job, ``jobs/train_ctr.py`` (``--ctr`` arguments: its default engine, features from Parquet files);
 * the image job, ``jobs/train_images.py`` (``--images`` arguments: PNG bytes decoded on the executors);
-* RDD fits of (x, y) rows, each as a user builds them, and where and how each ran (:func:`rdd_fits`):
+* RDD fits of (x, y) rows, each as a user builds them, and where and how each ran (:func:`rdd_fits`),
+  and per-step allreduce fits with the embedding gradients whole and as rows (:func:`sparse_allreduce_fits`):
 
   * ``parallelized``: ``sc.parallelize(list(zip(x, y)))`` as Elephas' to_simple_rdd builds it: the
     JVM takes the fit's sample from its frames, no Python task;
@@ -66,10 +67,39 @@ def rdd_fits(spark, out_dir: str) -> None:
     cached.count()
     fit("cached", cached)
     fit("cached_again", cached)
+    summary["sparse_allreduce"] = sparse_allreduce_fits(spark)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print("rdd fits: " + ", ".join(f"{k} {v['accuracy']:.3f} ({v['sample_source']})" for k, v in summary["fits"].items()))
+
+
+def sparse_allreduce_fits(spark) -> dict:
+    """Per-step allreduce of a model with an embedding table read from its input, the table's gradients
+    whole and as the rows each step touched (allreduce.sparseGradients), on partitions of 200 and 600
+    rows: where they ran, the weights of both, the bytes each rank sent."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 3000, (800, 3)).astype(np.int32)
+    labels = ((ids % 5).sum(axis=1) % 2).astype(np.float32)
+    rows = list(zip(ids, labels))
+    rdd = spark.sparkContext.parallelize([rows[:200], rows[200:]], 2).flatMap(lambda part: part)
+    out = {}
+    for how in (False, True):
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((3,), dtype="int32", name="ids")
+        h = keras.layers.Flatten()(keras.layers.Embedding(3000, 4, name="table")(inp))
+        model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(keras.layers.Dense(8, activation="relu")(h)))
+        model.compile(keras.optimizers.Adam(0.01), "binary_crossentropy")
+        sm = SparkModel(model, mode="allreduce", num_workers=2, sparse_gradients=how)
+        sm.fit(rdd, epochs=2, batch_size=32, verbose=0, shuffle=False)
+        out[str(how)] = {**where_it_ran(spark, sm.stats), "tables": sm.stats.server["sparse_gradients"],
+                         "weights_sha256": [sorted({i["weights_sha256"] for i in e.partitions.values()}) for e in sm.stats.epochs],
+                         "bytes_sent": sum(i["bytes_sent"] for e in sm.stats.epochs for i in e.partitions.values()),
+                         "rows_sent": [i.get("sparse_rows_sent") for e in sm.stats.epochs for i in e.partitions.values()]}
+    return out
 
 
 def job(name: str):

@@ -445,3 +445,80 @@ def test_touch_weighted_ring_averaging_keeps_rows_one_rank_trained(sc):
     assert fits["samples"][1].server["row_weighted_tables"] == []
     with pytest.raises(ConfigError, match="table_average applies to frequency='epoch'"):
         SparkModel(make_mlp(), mode="allreduce", table_average="touches")
+
+
+def _table_model(rows, seed=0, regularizer=None):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    emb = keras.layers.Embedding(rows, 4, name="table", embeddings_regularizer=regularizer)(ids)
+    h = keras.layers.Dense(8, activation="relu")(keras.layers.Flatten()(emb))
+    model = keras.Model(ids, keras.layers.Dense(1, activation="sigmoid")(h))
+    model.compile(keras.optimizers.Adam(0.01), "binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_sparse_gradients_give_the_dense_exchange_weights_for_the_bytes_of_the_rows_touched(sc):
+    """allreduce.sparseGradients: the table's gradient travels as the rows each step looked up (ids and
+    rows gathered from both ranks) and every rank adds them in rank order; with 2 ranks every element is
+    the same pair of floats as in the dense ring, so the weights and Adam's slots are equal bit for bit,
+    also over the steps where the shorter partition's rank is out of data. The bytes moved shrink from
+    the whole table to the rows touched."""
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 3000, (400, 3)).astype(np.int32)
+    labels = ((ids % 7).sum(axis=1) % 2).astype(np.float32)
+    rows = list(zip(ids, labels))
+    rdd = sc.parallelize([rows[:100], rows[100:]], 2).flatMap(lambda part: part).cache()
+    fits = {}
+    for how in (False, True, None):
+        model = _table_model(3000)
+        sm = SparkModel(model, mode="allreduce", num_workers=2, sparse_gradients=how, shuffle_buffer_size=1)
+        sm.fit(rdd, epochs=2, batch_size=32, verbose=0, shuffle=False)
+        fits[how] = (model, sm.stats)
+    dense, sparse = fits[False][0], fits[True][0]
+    for a, b in zip(dense.get_weights() + [np.asarray(v) for v in dense.optimizer.variables],
+                    sparse.get_weights() + [np.asarray(v) for v in sparse.optimizer.variables]):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(sparse.get_weights(), fits[None][0].get_weights()):  # auto picks rows for this table
+        np.testing.assert_array_equal(a, b)
+    d_stats, s_stats = fits[False][1], fits[True][1]
+    assert d_stats.server["sparse_gradients"] == [] and s_stats.server["sparse_gradients"] == ["table/embeddings"]
+    assert fits[None][1].server["sparse_gradients"] == ["table/embeddings"]
+    assert all(len({i["weights_sha256"] for i in e.partitions.values()}) == 1 for e in s_stats.epochs)
+    for e_dense, e_sparse in zip(d_stats.epochs, s_stats.epochs):
+        info = {i["rank"]: i for i in e_sparse.partitions.values()}
+        assert info[0]["sparse_tables"] == 1 and info[0]["global_steps"] == 10
+        assert 0 < info[0]["sparse_rows_sent"] <= 4 * 32 * 3 and 0 < info[1]["sparse_rows_sent"] <= 10 * 32 * 3
+        assert "sparse_tables" not in next(iter(e_dense.partitions.values()))
+        sent_dense = sum(i["bytes_sent"] for i in e_dense.partitions.values())
+        sent_sparse = sum(i["bytes_sent"] for i in e_sparse.partitions.values())
+        # dense: 10 steps x the 48 KB table (plus the rest); sparse: the rows touched, at most 96 per batch
+        assert sent_sparse < sent_dense / 4, (sent_sparse, sent_dense)
+    # float16 on the wire: the ranks still agree bit for bit, close to the float32 exchange
+    model = _table_model(3000)
+    sm = SparkModel(model, mode="allreduce", num_workers=2, sparse_gradients=True, compression="fp16", shuffle_buffer_size=1)
+    sm.fit(rdd, epochs=2, batch_size=32, verbose=0, shuffle=False)
+    assert all(len(d) == 1 for d in digests(sm))
+    for a, b in zip(dense.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0.05, atol=0.01)
+    rdd.unpersist()
+
+
+def test_sparse_gradients_refused_where_they_cannot_apply(sc):
+    import keras
+
+    with pytest.raises(ConfigError, match="sparse_gradients=True applies to gradients"):
+        SparkModel(make_mlp(), mode="allreduce", frequency="epoch", sparse_gradients=True)
+    with pytest.raises(ConfigError, match="sparse_gradients applies to mode='allreduce' only"):
+        SparkModel(make_mlp(), mode="asynchronous", sparse_gradients=True)
+    ids = np.random.default_rng(0).integers(0, 50, (64, 3)).astype(np.int32)
+    rdd = sc.parallelize(list(zip(ids, np.zeros(64, np.float32))), 2)
+    sm = SparkModel(_table_model(50, regularizer=keras.regularizers.L2(1e-4)), mode="allreduce", num_workers=2,
+                    sparse_gradients=True)
+    with pytest.raises(ConfigError, match="embedding 'table' has a regularizer"):
+        sm.fit(rdd, epochs=1, batch_size=16, verbose=0)
+    # auto leaves that table dense, and the fit runs
+    sm = SparkModel(_table_model(50, regularizer=keras.regularizers.L2(1e-4)), mode="allreduce", num_workers=2)
+    sm.fit(rdd, epochs=1, batch_size=16, verbose=0)
+    assert sm.stats.server["sparse_gradients"] == []

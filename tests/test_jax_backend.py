@@ -88,6 +88,12 @@ def test_jax_predict_evaluate_save_load_resume_and_sparse_rows(jax_run):
     assert jax_run["resume"]["max_diff"] <= 1e-5  # equal to two uninterrupted epochs
     assert jax_run["sparse"]["sparse_tables"] == ["table"]
     assert jax_run["sparse"]["evaluate"]["accuracy"] >= 0.85
+    # allreduce.sparseGradients on JAX: the step hands back the table's rows that have a gradient
+    sa = jax_run["sparse_allreduce"]
+    assert sa["tables"] == [[], ["table/embeddings"]], sa
+    assert sa["max_diff"] == 0.0 and sa["digests"] == [1, 1], sa  # two ranks: the dense exchange's floats
+    assert sa["bytes_sent"][1] < sa["bytes_sent"][0] and all(r > 0 for r in sa["rows_sent"]), sa
+    assert sa["accuracy"] >= 0.8, sa
 
 
 # deterministic engines: the same steps in the same order on both backends (float32 arithmetic

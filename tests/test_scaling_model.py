@@ -197,3 +197,19 @@ def test_a_call_of_the_compiled_step_is_spread_over_the_engines_steps_per_call()
     assert one.parts["compute"] == pytest.approx(3e-3)
     # against averaging's 1.1 ms step; the fused step (3 ms) and the ring's call (RING: 1 ms) every step
     assert one.efficiency == pytest.approx(1.1 / 4.0, rel=0.01)
+
+
+def test_sparse_rows_send_the_dense_weights_through_the_ring_and_gather_the_touched_rows():
+    """allreduce.sparseGradients: the ring carries only the dense weights; every rank receives the
+    other ranks' touched rows (and their ids), after the lengths, so 2 (N-1) hops more."""
+    dense = sm.predict(sm.Engine("allreduce"), CTR, 8, NET, SERVER, RING, FREE_SPARK)
+    rows = sm.predict(sm.Engine("allreduce", sparse_rows=True), CTR, 8, NET, SERVER, RING, FREE_SPARK)
+    assert rows.parts["bandwidth"] == pytest.approx(2 * 7 / 8 * CTR.dense_bytes / NET.bandwidth)
+    touched = CTR.touched_bytes(1) / CTR.row_bytes
+    assert rows.parts["rows_bandwidth"] == pytest.approx(7 * touched * (CTR.row_bytes + 4.0) / NET.bandwidth)
+    assert rows.parts["rows_latency"] == pytest.approx(2 * 7 * (50e-6 + 100e-6))
+    assert rows.efficiency > 5 * dense.efficiency
+    # the gathered rows grow with N while the ring's share does not: at enough ranks whole tables win
+    many = [sm.predict(sm.Engine("allreduce", sparse_rows=s), CTR, 1 << 16, NET, SERVER, RING, FREE_SPARK) for s in (False, True)]
+    assert many[1].efficiency < many[0].efficiency
+    assert sm.Engine("allreduce", sparse_rows=True).label == "allreduce fp32, sparse rows"

@@ -170,6 +170,23 @@ def test_rdd_fits_on_the_standalone_executors_sample_without_costing_a_python_wo
     assert max(accuracies) - min(accuracies) < 1e-6, accuracies
 
 
+def test_sparse_allreduce_gradients_on_the_standalone_executors_give_the_dense_weights(standalone_cluster, jobs_app):
+    """allreduce.sparseGradients across the Workers' executors (tests/standalone_jobs.py): the table's
+    gradients as the rows each step touched give the weights of the dense exchange bit for bit (2 ranks,
+    one out of data for most steps), every rank the same, for a fraction of the bytes."""
+    _, summaries = jobs_app
+    fits = summaries["rdd"]["sparse_allreduce"]
+    for how, f in fits.items():
+        assert f["master"] == standalone_cluster.url, (how, f["master"])
+        assert_ran_on_executors(f["executor_ids"], f["worker_pids"], f["driver_pid"])
+    assert fits["False"]["tables"] == [] and fits["True"]["tables"] == ["table/embeddings"]
+    # each epoch: one digest on both ranks, the same with rows as with whole tables
+    assert fits["True"]["weights_sha256"] == fits["False"]["weights_sha256"], fits
+    assert [len(d) for d in fits["True"]["weights_sha256"]] == [1, 1], fits["True"]["weights_sha256"]
+    assert all(r > 0 for r in fits["True"]["rows_sent"]), fits["True"]["rows_sent"]
+    assert fits["True"]["bytes_sent"] < fits["False"]["bytes_sent"] / 4, (fits["True"]["bytes_sent"], fits["False"]["bytes_sent"])
+
+
 def test_a_connect_server_on_the_standalone_cluster_trains_from_the_archive(standalone_cluster, env_archive, tmp_path):
     """Spark Connect with the server's executors on the standalone Workers, their environment shipped
     as the README says (the Workers cannot import the checkout): a client process (tests/connect_check.py)

@@ -22,9 +22,10 @@ A backend module provides:
     Keras' ``steps_per_execution``); see :mod:`sparkdl_train.worker.steps`.
 ``eager_test_step(model, batch)``
     One test step, nothing compiled (the driver's check of a data sample).
-``FusedStep(model, batch_size, bucket_bytes=0)``
+``FusedStep(model, batch_size, bucket_bytes=0, sparse=())``
     The train step split around the allreduce (:mod:`sparkdl_train.worker.fused_step`); buckets handed
-    over during the backward pass where the backend can (TensorFlow; JAX refuses ``bucket_bytes``).
+    over during the backward pass where the backend can (TensorFlow; JAX refuses ``bucket_bytes``);
+    ``sparse`` tables' gradients handed over as rows (both).
 ``variable_io(model, dense, tables)``
     Compiled read and assign of every dense weight (one flat vector) and some table rows, for
     parameter-server pushes (:mod:`sparkdl_train.worker.sparse`); ``None`` where the eager path serves.

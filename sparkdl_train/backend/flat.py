@@ -59,16 +59,37 @@ def first_input(x: Any) -> Any:
 
 class FusedLayout:
     """The fused step's vector: every trainable weight's gradient flattened, in the model's order,
-    then the rank's weight (``size`` floats)."""
+    then the rank's weight (``size`` floats). ``sparse``: ``(position in model.weights, the most rows
+    one batch looks up)`` of each embedding table whose gradient leaves by rows instead
+    (``allreduce.sparseGradients``): they are not in the vector; ``tables`` gives their shapes
+    (:class:`sparkdl_train.allreduce.sparse.TableShape`)."""
 
-    def __init__(self, model: Any, batch_size: int):
+    def __init__(self, model: Any, batch_size: int, sparse: Sequence[tuple[int, int]] = ()):
+        from ..allreduce.sparse import TableShape
+
+        most = [int(m) for _, m in sparse]
+        sparse = [int(i) for i, _ in sparse]
         self.model = model
-        self.variables = list(model.trainable_variables)
-        if not self.variables:
+        self.trainables = list(model.trainable_variables)
+        if not self.trainables:
             raise ValueError(f"model {model.name!r} has no trainable weights")
+        weights = list(model.weights)
+        table_ids = {id(weights[i]) for i in sparse}
+        if len(table_ids) != len(sparse) or any(not any(v is weights[i] for v in self.trainables) for i in sparse):
+            raise ValueError(f"sparse tables {list(sparse)} are not distinct trainable weights of model {model.name!r}")
+        # positions in trainables: the vector's weights, and the tables (in model.weights' order)
+        self.dense_at = [i for i, v in enumerate(self.trainables) if id(v) not in table_ids]
+        self.table_at = [next(i for i, v in enumerate(self.trainables) if v is weights[w]) for w in sparse]
+        self.variables = [self.trainables[i] for i in self.dense_at]
         self.shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
         self.sizes = [int(np.prod(s)) for s in self.shapes]
         self.size = sum(self.sizes) + 1
+        self.tables = []
+        for i, m in zip(self.table_at, most):
+            shape = tuple(int(d) for d in self.trainables[i].shape)
+            if len(shape) != 2:
+                raise ValueError(f"sparse table {self.trainables[i].path!r} has shape {shape}, not (rows, dim)")
+            self.tables.append(TableShape(*shape, most=m))
         self.batch_size = float(batch_size)
 
     def buckets(self, bucket_bytes: int) -> list[tuple[int, int, int, int]]:

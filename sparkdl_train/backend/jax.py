@@ -318,18 +318,27 @@ def eager_test_step(model: Any, batch: Batch) -> None:
 
 
 class FusedStep(FusedLayout):
-    """The train step split around the allreduce (see :mod:`sparkdl_train.worker.fused_step`)."""
+    """The train step split around the allreduce (see :mod:`sparkdl_train.worker.fused_step`).
 
-    def __init__(self, model: Any, batch_size: int, bucket_bytes: int = 0):
+    Sparse tables: JAX's gradient of a lookup is the dense table, built on the device; the jitted
+    step hands back only its rows that are not zero (``jnp.nonzero`` with the table's bound on a
+    batch's rows as its static size: the rows the batch looked up, less any whose gradient is exactly
+    zero, which add nothing), so the host reads those instead of the table. The apply adds every
+    rank's rows once combined on the host (:func:`sparkdl_train.allreduce.sparse.combine`: each id
+    once, so the device's scatter has no repeated index to order), padded to a power of two so that
+    a handful of executables serve every step."""
+
+    def __init__(self, model: Any, batch_size: int, bucket_bytes: int = 0, sparse: tuple[tuple[int, int], ...] = ()):
         import jax
         import jax.numpy as jnp
 
         if bucket_bytes:
             raise ConfigError(BUCKETS_REFUSED)
-        super().__init__(model, batch_size)
+        super().__init__(model, batch_size, sparse)
         self.bucket_bounds: list = []
+        self.touched = self.untouched()
         offsets = np.cumsum([0, *self.sizes])
-        shapes, sizes = self.shapes, self.sizes
+        shapes, sizes, dense_at, table_at, tables = self.shapes, self.sizes, self.dense_at, self.table_at, self.tables
 
         def gradients(state, x, y, sample_weight, w):
             trainable, non_trainable, metrics, optimizer_vars = state
@@ -338,19 +347,35 @@ class FusedStep(FusedLayout):
                                       optimizer_variables=optimizer_vars)
             unscaled, y_pred, non_trainable, metrics = aux
             metrics = _compat.jax_update_metrics(model, metrics, unscaled, x, y, y_pred, sample_weight)
-            flat = jnp.concatenate([jnp.reshape(g.astype(jnp.float32), (-1,)) for g in grads])
-            return jnp.concatenate([flat * w, jnp.reshape(w, (1,))]), [non_trainable, metrics]
+            parts = [jnp.reshape(grads[i].astype(jnp.float32), (-1,)) for i in dense_at]
+            flat = jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.float32)
+            rows = []
+            for i, t in zip(table_at, tables):
+                g = grads[i].astype(jnp.float32)
+                hit = jnp.any(g != 0, axis=1)
+                (ids,) = jnp.nonzero(hit, size=t.limit, fill_value=0)
+                rows.append((jnp.sum(hit), ids.astype(t.id_dtype), g[ids] * w))
+            return jnp.concatenate([flat * w, jnp.reshape(w, (1,))]), [non_trainable, metrics], rows
 
-        def apply(state, summed):
+        def apply(state, summed, table_rows):
             trainable, optimizer_vars = state
-            mean = summed[:-1] / summed[-1]
-            grads = [jnp.reshape(mean[offsets[i]:offsets[i] + n], s).astype(v.dtype)
-                     for i, (n, s, v) in enumerate(zip(sizes, shapes, trainable))]
+            total = summed[-1]
+            mean = summed[:-1] / total
+            grads: list[Any] = [None] * len(trainable)
+            for k, (i, n, s) in enumerate(zip(dense_at, sizes, shapes)):
+                grads[i] = jnp.reshape(mean[offsets[k]:offsets[k] + n], s).astype(trainable[i].dtype)
+            for i, t, (ids, rows) in zip(table_at, tables, table_rows):
+                dense = jnp.zeros((t.rows, t.dim), jnp.float32).at[ids].add(rows, mode="drop")
+                grads[i] = (dense / total).astype(trainable[i].dtype)
             trainable, optimizer_vars = model.optimizer.stateless_apply(optimizer_vars, grads, trainable)
             return [trainable, optimizer_vars]
 
         self._gradients = _Compiled(gradients, ())
         self._apply = _Compiled(apply, _donate())
+
+    def untouched(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """No rows of any table (a rank out of data)."""
+        return [(np.zeros(0, t.id_dtype), np.zeros((0, t.dim), np.float32)) for t in self.tables]
 
     def _grad_groups(self) -> list[list[Any]]:
         """The gradient step's state: trainable, non-trainable, metric and optimizer variables; the
@@ -361,8 +386,8 @@ class FusedStep(FusedLayout):
             return cached
         m = self.model
         if not m.optimizer.built:
-            m.optimizer.build(self.variables)
-        groups = [self.variables, list(m.non_trainable_variables), list(m.metrics_variables), list(m.optimizer.variables)]
+            m.optimizer.build(self.trainables)
+        groups = [self.trainables, list(m.non_trainable_variables), list(m.metrics_variables), list(m.optimizer.variables)]
         if _compat.compiled_metrics_built(m):
             self._state_groups = groups
         return groups
@@ -381,18 +406,45 @@ class FusedStep(FusedLayout):
         return compiled
 
     def gradients(self, batch: tuple, out: np.ndarray, ready: Any = None) -> int:
-        """Write this rank's weighted, fused gradient into ``out``; returns the batch's rows."""
+        """Write this rank's weighted, fused gradient into ``out`` (and its sparse tables' rows into
+        ``touched``); returns the batch's rows."""
         groups = self._grad_groups()
         args = self._args(tuple(batch))
-        flat, new = self._gradients(list(_read(groups)), *args)
+        flat, new, rows = self._gradients(list(_read(groups)), *args)
         _write(groups[1:3], new)
-        np.copyto(out, _to_host([flat], own=False)[0])  # copied into ``out`` right away
+        host = _to_host([flat, *(a for r in rows for a in r)], own=False)
+        np.copyto(out, host[0])  # copied into ``out`` right away
+        touched = []
+        for k, t in enumerate(self.tables):
+            count, ids, values = host[1 + 3 * k: 4 + 3 * k]
+            if int(count) > t.limit:
+                raise ValueError(f"allreduce.sparseGradients: {int(count)} rows of embedding table "
+                                 f"{self.trainables[self.table_at[k]].path!r} have a gradient, more than the {t.limit} "
+                                 "its batch can look up (a regularizer or another use of the table?); set "
+                                 "sparse_gradients=False")
+            touched.append((np.array(ids[: int(count)]), np.array(values[: int(count)])))
+        self.touched = touched
         return int(np.shape(first_input(batch[0]))[0])
 
-    def apply(self, summed: np.ndarray) -> None:
-        groups = [self.variables, self._grad_groups()[3]]
+    def apply(self, summed: np.ndarray, tables: Any = ()) -> None:
+        """Apply the summed vector and, per sparse table, every rank's ``(ids, rows)`` (rank order)."""
+        from ..allreduce.sparse import combine
+
+        if len(tables) != len(self.tables):
+            raise ValueError(f"{len(tables)} sparse tables handed to a step that has {len(self.tables)}")
+        padded = []
+        for t, (ids, rows) in zip(self.tables, tables):
+            ids, rows = combine(np.asarray(ids), np.asarray(rows, np.float32).reshape(-1, t.dim))
+            size = min(t.rows, 1 << max(0, int(len(ids) - 1).bit_length())) if len(ids) else 1
+            size = max(size, len(ids))
+            p_ids = np.full(size, t.rows, t.id_dtype)  # out of range: dropped by the scatter
+            p_ids[: len(ids)] = ids
+            p_rows = np.zeros((size, t.dim), np.float32)
+            p_rows[: len(ids)] = rows
+            padded.append((p_ids, p_rows))
+        groups = [self.trainables, self._grad_groups()[3]]
         # not waited for: ``summed`` is on the device, copied (the ring reuses the buffer at once)
-        _write(groups, self._apply(list(_read(groups)), *_to_device([summed])))
+        _write(groups, self._apply(list(_read(groups)), *_to_device([summed]), padded))
 
 
 # -- parameter-server pushes ----------------------------------------------------------------------

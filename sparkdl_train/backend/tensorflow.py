@@ -159,16 +159,25 @@ def eager_test_step(model: Any, batch: Batch) -> None:
 
 
 class FusedStep(FusedLayout):
-    def __init__(self, model: Any, batch_size: int, bucket_bytes: int = 0):
+    def __init__(self, model: Any, batch_size: int, bucket_bytes: int = 0, sparse: tuple[tuple[int, int], ...] = ()):
         import tensorflow as tf
 
-        super().__init__(model, batch_size)
+        super().__init__(model, batch_size, sparse)
         # overlap: (first weight, end weight, lo, hi) per bucket, handed over as the backward pass produces it
         self.bucket_bounds = self.buckets(bucket_bytes) if bucket_bytes else []
         self._out: np.ndarray | None = None
         self._ready: Any = None
+        # the last call's (ids, weighted rows) per sparse table
+        self.touched: list[tuple[np.ndarray, np.ndarray]] = self.untouched()
         self._gradients = tf.function(self._gradients_impl, reduce_retracing=True)
-        self._apply = tf.function(self._apply_impl)
+        signature = [tf.TensorSpec([None], tf.float32)]
+        for t in self.tables:
+            signature += [tf.TensorSpec([None], tf.as_dtype(t.id_dtype)), tf.TensorSpec([None, t.dim], tf.float32)]
+        self._apply = tf.function(self._apply_impl, input_signature=signature)
+
+    def untouched(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """No rows of any table (a rank out of data)."""
+        return [(np.zeros(0, t.id_dtype), np.zeros((0, t.dim), np.float32)) for t in self.tables]
 
     def _gradients_impl(self, x: Any, y: Any, sample_weight: Any) -> Any:
         import tensorflow as tf
@@ -182,15 +191,18 @@ class FusedStep(FusedLayout):
             if tracker is not None:
                 tracker.update_state(loss, sample_weight=rows)
             scaled = model.optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, self.variables)
+        grads = tape.gradient(scaled, self.trainables)
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        w = tf.cast(rows, tf.float32) / self.batch_size
+        tables = [self._rows_of(grads[i], self.trainables[i], t, w) for i, t in zip(self.table_at, self.tables)]
         flat = []
-        for g, v, shape in zip(grads, self.variables, self.shapes):
+        for i, shape in zip(self.dense_at, self.shapes):
+            g = grads[i]
             g = tf.zeros(shape, tf.float32) if g is None else tf.convert_to_tensor(g)
             flat.append(tf.reshape(tf.cast(g, tf.float32), [-1]))
-        w = tf.cast(rows, tf.float32) / self.batch_size
         if not self.bucket_bounds:
-            return tf.concat([tf.concat(flat, 0) * w, tf.reshape(w, [1])], 0)
+            vector = tf.concat(flat, 0) if flat else tf.zeros([0], tf.float32)
+            return tf.concat([vector * w, tf.reshape(w, [1])], 0), tables
         # Overlap: each bucket leaves through a host callback as soon as its gradients exist; TF's
         # executor runs it while the backward pass goes on (the callbacks are stateful, so
         # tf.function keeps them in this order, the order the backward pass produces them in).
@@ -200,7 +212,25 @@ class FusedStep(FusedLayout):
             if k == 0:
                 part = tf.concat([part, tf.reshape(w, [1])], 0)
             handed.append(tf.numpy_function(functools.partial(self._hand_over, k), [part], tf.int32, stateful=True))
-        return tf.stack(handed)
+        return tf.stack(handed), tables
+
+    @staticmethod
+    def _rows_of(g: Any, var: Any, table: Any, w: Any) -> tuple[Any, Any]:
+        """A table's gradient as (the ids looked up, each once; their summed rows times ``w``): the
+        rows in the order of the ids' first lookup, each the sum of its lookups' gradients in lookup
+        order (what densifying the gradient adds, in the same order)."""
+        import tensorflow as tf
+
+        if g is None:
+            return tf.zeros([0], table.id_dtype), tf.zeros([0, table.dim], tf.float32)
+        if not isinstance(g, tf.IndexedSlices):
+            raise ValueError(
+                f"allreduce.sparseGradients: the gradient of embedding table {var.path!r} is dense, not the rows its "
+                "lookups touched (a regularizer or another use of the table adds to every row); set "
+                "sparse_gradients=False")
+        ids, where = tf.unique(tf.cast(g.indices, table.id_dtype), out_idx=tf.int32)
+        values = tf.reshape(tf.cast(g.values, tf.float32), [-1, table.dim])
+        return ids, tf.math.unsorted_segment_sum(values, where, tf.size(ids)) * w
 
     def _hand_over(self, k: int, part: np.ndarray) -> np.ndarray:
         _, _, lo, hi = self.bucket_bounds[k]
@@ -208,13 +238,21 @@ class FusedStep(FusedLayout):
         self._ready(k)
         return np.int32(k)
 
-    def _apply_impl(self, summed: Any) -> None:
+    def _apply_impl(self, summed: Any, *tables: Any) -> None:
         import tensorflow as tf
 
-        mean = summed[:-1] / summed[-1]
-        parts = tf.split(mean, self.sizes)
-        grads = [tf.cast(tf.reshape(p, s), v.dtype) for p, s, v in zip(parts, self.shapes, self.variables)]
-        self.model.optimizer.apply_gradients(zip(grads, self.variables))
+        total = summed[-1]
+        mean = summed[:-1] / total
+        parts = tf.split(mean, self.sizes) if self.sizes else []
+        grads: list[Any] = [None] * len(self.trainables)
+        for i, p, s in zip(self.dense_at, parts, self.shapes):
+            grads[i] = tf.cast(tf.reshape(p, s), self.trainables[i].dtype)
+        # every rank's rows added into the table in rank order (one sequential scatter-add on the CPU: the
+        # same bits on every rank), then divided like the vector: the dense exchange's gradient
+        for k, (i, t) in enumerate(zip(self.table_at, self.tables)):
+            ids, rows = tables[2 * k], tables[2 * k + 1]
+            grads[i] = tf.cast(tf.math.unsorted_segment_sum(rows, ids, t.rows) / total, self.trainables[i].dtype)
+        self.model.optimizer.apply_gradients(zip(grads, self.trainables))
 
     def trace(self, batch: tuple) -> bool:
         """Trace the gradient step for ``batch``'s signature with any number of rows, so that a
@@ -225,25 +263,30 @@ class FusedStep(FusedLayout):
         return self._gradients.experimental_get_tracing_count() > before
 
     def gradients(self, batch: tuple, out: np.ndarray, ready: Any = None) -> int:
-        """Write this rank's weighted, fused gradient into ``out``; returns the batch's rows. With
-        buckets, each is written as the backward pass produces it and ``ready(k)`` called for it
-        (from TensorFlow's thread: it must not block)."""
+        """Write this rank's weighted, fused gradient into ``out`` (and its sparse tables' rows into
+        ``touched``); returns the batch's rows. With buckets, each is written as the backward pass
+        produces it and ``ready(k)`` called for it (from TensorFlow's thread: it must not block)."""
         x, y, w = batch
         if not self.bucket_bounds:
-            flat = self._gradients(x, y, w)
+            flat, tables = self._gradients(x, y, w)
             np.copyto(out, flat.numpy())
-            return int(_rows(x))
-        if ready is None:
-            raise ValueError("a bucketed fused step needs ready(k) to hand its buckets to")
-        self._out, self._ready = out, ready
-        try:
-            self._gradients(x, y, w).numpy()
-        finally:
-            self._out = self._ready = None
+        else:
+            if ready is None:
+                raise ValueError("a bucketed fused step needs ready(k) to hand its buckets to")
+            self._out, self._ready = out, ready
+            try:
+                done, tables = self._gradients(x, y, w)
+                done.numpy()
+            finally:
+                self._out = self._ready = None
+        self.touched = [(ids.numpy(), rows.numpy()) for ids, rows in tables]
         return int(_rows(x))
 
-    def apply(self, summed: np.ndarray) -> None:
-        self._apply(summed)
+    def apply(self, summed: np.ndarray, tables: Any = ()) -> None:
+        """Apply the summed vector and, per sparse table, every rank's ``(ids, rows)`` (rank order)."""
+        if len(tables) != len(self.tables):
+            raise ValueError(f"{len(tables)} sparse tables handed to a step that has {len(self.tables)}")
+        self._apply(summed, *(a for pair in tables for a in pair))
 
 
 def _rows(x: Any) -> int:

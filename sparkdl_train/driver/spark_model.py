@@ -85,6 +85,7 @@ class SparkModel:
         state_sums: str | None = None,
         table_average: str | None = None,
         bucket_bytes: int | None = None,
+        sparse_gradients: bool | None = None,
         table_shards: int | None = None,
         **settings: Any,
     ):
@@ -248,7 +249,8 @@ class SparkModel:
                 settings = StepSettings(batch_size=fit_cfg.batch_size, shuffle=fit_cfg.shuffle,
                                         shuffle_buffer_size=config.data.shuffle_buffer_size, seed=config.seed, threads=threads,
                                         nan_policy=config.data.nan_policy, group=engine_cls.steps_per_call(config),
-                                        bucket_bytes=config.allreduce.bucket_bytes if engine_cls.step == "fused" else 0)
+                                        bucket_bytes=config.allreduce.bucket_bytes if engine_cls.step == "fused" else 0,
+                                        sparse_tables=engine_cls.sparse_tables(config, model, launch.workers, fit_cfg.batch_size))
                 if config.core.prepare_workers and sc is not None:
                     # the executors rebuild the model and trace its step while the driver samples
                     with phases("prepare_start"):

@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import _compat
 from ..allreduce import ring
+from ..allreduce import sparse as sparse_ring
 from ..allreduce.barrier import BarrierGroup, DriverGroup, RendezvousSettings, SingleGroup
 from ..allreduce.buckets import BucketRing
 from ..allreduce.transport import Group, PeerAborted, rendezvous
@@ -158,8 +159,9 @@ class AllreduceTrainTask:
         sent = _link_bytes(link)  # this epoch's bytes are counted from here
         comm = _start_from_rank_0(run, link, rank, size, broadcast)
 
-        step = cached_fused_step(model, s.batch_size, s.bucket_bytes)
+        step = cached_fused_step(model, s.batch_size, s.bucket_bytes, s.sparse_tables)
         buf = np.empty(step.size, np.float32)
+        touched_rows = 0  # rows of sparse tables this rank sent (allreduce.sparseGradients)
 
         def reduce(view: np.ndarray) -> None:
             if link is not None:
@@ -186,6 +188,7 @@ class AllreduceTrainTask:
                     local_steps += 1
                 else:
                     buf.fill(0.0)
+                    step.touched = step.untouched()
                     if buckets is not None:
                         buckets.ready_all()
                 t0 = time.perf_counter()
@@ -193,10 +196,15 @@ class AllreduceTrainTask:
                     buckets.wait()
                 else:
                     reduce(buf)
-                comm += time.perf_counter() - t0
                 if buf[-1] == 0.0:  # every rank is out of data
+                    comm += time.perf_counter() - t0
                     break
-                step.apply(buf)
+                tables = ()
+                if step.tables:  # every rank's touched rows, after the vector (the buckets' thread is done with the link)
+                    touched_rows += sum(len(ids) for ids, _ in step.touched)
+                    tables = sparse_ring.exchange(step.tables, step.touched, link, rank, size, wire)
+                comm += time.perf_counter() - t0
+                step.apply(buf, tables)
                 global_steps += 1
                 if batch is not None:
                     run.reporter(local_steps, samples, model)
@@ -206,6 +214,8 @@ class AllreduceTrainTask:
         overlap = {} if buckets is None else {
             "buckets": len(step.bucket_bounds), "bucket_exchange_seconds": round(buckets.exchange_s, 4),
             "bucket_wait_seconds": round(buckets.exposed_s, 4)}
+        if step.tables:
+            overlap.update(sparse_tables=len(step.tables), sparse_rows_sent=touched_rows)
 
         t0 = time.perf_counter()
         _sync_non_trainable(model, link, rank, size, samples)

@@ -14,7 +14,15 @@ compiled functions replace it:
 
 Its interface: ``size`` (floats in the fused vector), ``trace(batch) -> bool`` (compile for the
 batch's signature with any number of rows), ``gradients(batch, out, ready=None) -> rows``,
-``apply(summed)``, ``bucket_bounds``.
+``apply(summed, tables=())``, ``bucket_bounds``, ``tables``, ``touched``, ``untouched()``.
+
+*Sparse tables* (``allreduce.sparseGradients``): an embedding table read straight from an input is
+left out of the vector; :meth:`FusedStep.gradients` leaves its gradient in ``touched`` as the ids
+the batch looked up (each once; TensorFlow's gradient of a lookup is those rows, JAX's step keeps the
+rows of its dense gradient that are not zero) and their weighted rows, which
+:mod:`sparkdl_train.allreduce.sparse` gathers from every rank, and :meth:`FusedStep.apply` adds every
+rank's rows into the table's gradient in rank order: the dense exchange's gradient, for the bytes
+of the rows touched.
 
 *Overlap* (``allreduce.bucketBytes``, TensorFlow only): the vector is cut into buckets of whole
 weights from the last layer backwards (:meth:`~sparkdl_train.backend.flat.FusedLayout.buckets`);
@@ -34,11 +42,11 @@ from typing import Any
 from .. import backend
 
 
-def cached_fused_step(model: Any, batch_size: int, bucket_bytes: int = 0) -> Any:
-    """One FusedStep per (model, batch size, buckets), kept on the cached model: traced once per worker."""
+def cached_fused_step(model: Any, batch_size: int, bucket_bytes: int = 0, sparse: tuple[tuple[int, int], ...] = ()) -> Any:
+    """One FusedStep per (model, batch size, buckets, sparse tables), kept on the cached model: traced once per worker."""
     cache = model.__dict__.setdefault("_sparkdl_fused_steps", {})
-    key = (batch_size, bucket_bytes)
+    key = (batch_size, bucket_bytes, tuple(sparse))
     step = cache.get(key)
     if step is None:
-        step = cache[key] = backend.current().FusedStep(model, batch_size, bucket_bytes)
+        step = cache[key] = backend.current().FusedStep(model, batch_size, bucket_bytes, tuple(sparse))
     return step

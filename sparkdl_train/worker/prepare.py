@@ -101,7 +101,7 @@ def _trace(model: Any, kind: str, batch: Batch, settings: StepSettings) -> None:
     if kind == "fused":
         from .fused_step import cached_fused_step
 
-        cached_fused_step(model, settings.batch_size, settings.bucket_bytes).trace(batch)
+        cached_fused_step(model, settings.batch_size, settings.bucket_bytes, settings.sparse_tables).trace(batch)
     elif kind in ("train", "test"):
         from .steps import instantiate
 

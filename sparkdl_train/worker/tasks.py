@@ -69,6 +69,10 @@ class StepSettings:
     # allreduce's fused step: gradient buckets of about this many bytes reduced while the backward
     # pass runs (spark.sparkdl_train.allreduce.bucketBytes); 0: one vector after it
     bucket_bytes: int = 0
+    # allreduce's fused step: (position in model.weights, the most rows one batch looks up) of each
+    # embedding table whose gradient is exchanged as the rows a step touched
+    # (spark.sparkdl_train.allreduce.sparseGradients)
+    sparse_tables: tuple[tuple[int, int], ...] = ()
     # the Keras backend of the driver's model, which the worker must run (sparkdl_train.backend)
     keras_backend: str = field(default_factory=lambda: _backend.keras_backend())
 

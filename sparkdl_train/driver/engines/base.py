@@ -24,6 +24,8 @@ Override points (each engine module documents its own):
 * :meth:`Engine.stats`: what ``sm.stats.server`` shows.
 * :meth:`Engine.steps_per_call` (classmethod): how many batches its workers may run per call of
   their compiled step (``StepSettings.group``), e.g. a divisor of the push interval.
+* :meth:`Engine.sparse_tables` (classmethod): the embedding tables whose gradients its fused step
+  exchanges by rows (``StepSettings.sparse_tables``).
 * :attr:`Engine.step`: the compiled step its workers run (``"train"`` or ``"fused"``), traced
   ahead on the executors by the fit's prepare job.
 
@@ -119,6 +121,12 @@ class Engine:
         """How many consecutive batches its workers may run per call of their compiled step
         (``StepSettings.group``; default: ``steps_per_execution``)."""
         return config.core.steps_per_execution
+
+    @classmethod
+    def sparse_tables(cls, config: EngineConfig, model: Any, workers: int, batch_size: int) -> tuple[tuple[int, int], ...]:
+        """``(position in model.weights, the most rows a batch looks up)`` of the tables whose gradients
+        leave by rows (default: none)."""
+        return ()
 
     def train_epoch(self, ctx: EpochContext) -> tuple[dict[str, Any], EpochStats]:
         raise NotImplementedError
