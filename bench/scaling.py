@@ -284,7 +284,8 @@ VALIDATED = [
     (sm.Engine("ps", "asynchronous", 1), {"mode": "asynchronous", "frequency": "batch"}),
     (sm.Engine("ps", "asynchronous", 4), {"mode": "asynchronous", "frequency": 4}),
     (sm.Engine("ps", "hogwild", 1), {"mode": "hogwild", "frequency": "batch"}),
-    (sm.Engine("allreduce"), {"mode": "allreduce"}),
+    (sm.Engine("allreduce"), {"mode": "allreduce", "sparse_gradients": False}),
+    (sm.Engine("allreduce", sparse_rows=True), {"mode": "allreduce", "sparse_gradients": True}),
     (sm.Engine("allreduce", average="state"), {"mode": "allreduce", "frequency": "epoch"}),
 ]
 VALIDATION_BATCH = 256

@@ -375,6 +375,6 @@ ENGINES = [
     Engine("ps", "synchronous", 4, sparse=False), Engine("ps", "asynchronous", 4, sparse=False),
     Engine("ps", "hogwild", 1), Engine("ps", "hogwild", 4), Engine("ps", "hogwild", None),
     Engine("ps", "hogwild", 4, sparse=False),
-    Engine("allreduce", precision=4), Engine("allreduce", precision=2),
+    Engine("allreduce", precision=4), Engine("allreduce", precision=2), Engine("allreduce", precision=4, sparse_rows=True),
     Engine("allreduce", average="state"), Engine("allreduce", average="state", epochs_per_stage=8),
 ]

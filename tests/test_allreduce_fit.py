@@ -522,3 +522,26 @@ def test_sparse_gradients_refused_where_they_cannot_apply(sc):
     sm = SparkModel(_table_model(50, regularizer=keras.regularizers.L2(1e-4)), mode="allreduce", num_workers=2)
     sm.fit(rdd, epochs=1, batch_size=16, verbose=0)
     assert sm.stats.server["sparse_gradients"] == []
+
+
+def test_auto_picks_the_tables_whose_rows_move_fewer_bytes():
+    """gradient_tables: sparse_gradients=None takes a table when N ranks' rows of a batch (at most
+    batch_size x the ids an example looks up) cost fewer bytes than the dense ring's share of it; the
+    bound is what each rank's block may hold."""
+    import keras
+
+    from sparkdl_train.driver.sparse import gradient_tables
+
+    big, small = _table_model(3000), _table_model(50)
+    index = next(i for i, w in enumerate(big.weights) if w.path == "table/embeddings")
+    assert gradient_tables(big, None, 2, 32) == ((index, 96),)  # 2 x 96 x 5 < 2 x 3000 x 4
+    assert gradient_tables(big, None, 64, 32) == ()  # 64 x 96 x 5 > 24,000
+    assert gradient_tables(big, True, 64, 32) == ((index, 96),)
+    assert gradient_tables(big, False, 2, 32) == () and gradient_tables(big, None, 1, 32) == ()
+    assert gradient_tables(small, None, 2, 32) == ()  # 50 rows: a batch touches them all
+    assert gradient_tables(small, True, 2, 32) == ((index, 50),)  # the bound: the table's rows
+    ids = keras.Input((None,), dtype="int32")  # ids per example unknown: auto stays dense, True bounds by rows
+    ragged = keras.Model(ids, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Embedding(3000, 4, name="bag")(ids))))
+    assert gradient_tables(ragged, None, 2, 32) == ()
+    assert gradient_tables(ragged, True, 2, 32) == ((0, 3000),)
