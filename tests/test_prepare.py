@@ -311,3 +311,46 @@ def test_an_architecture_fitted_before_is_prepared_at_once_for_its_last_signatur
         assert unknown.wait(120) == {"tasks": unknown.tasks, "finished": False, "error": "AssertionError"}
     finally:
         refs.release()
+
+
+def test_a_cancelled_call_submits_no_job_and_a_job_submitted_just_after_cancel_is_cancelled_too(sc):
+    """SparkCall.cancel while its function still waits to submit (a prepare job waiting for the fit's
+    sample, which failed): the function sees cancelled() and submits nothing. A function that submits
+    anyway, just after the first cancel, has its job cancelled by the cancel's repeated calls, not
+    left running to its end (the cause of a flaky 'left Spark jobs running' in test_bad_input)."""
+    import threading
+    import time
+
+    from sparkdl_train.driver.background import SparkCall, cancelled
+
+    tracker = sc.statusTracker()
+    go = threading.Event()
+
+    def polite():
+        go.wait(10)
+        return "skipped" if cancelled() else sc.parallelize(range(2), 2).map(lambda i: time.sleep(30)).collect()
+
+    call = SparkCall(sc, polite, "sparkdl_train-test")
+    t0 = time.monotonic()
+    threading.Timer(0.3, go.set).start()
+    call.cancel(5.0)
+    assert call.result() == "skipped" and time.monotonic() - t0 < 5 and not tracker.getActiveJobsIds()
+    assert not cancelled()  # outside a call
+
+    go.clear()
+
+    def late():
+        go.wait(10)  # released after cancel() began: submits regardless
+        return sc.parallelize(range(2), 2).map(lambda i: time.sleep(30)).collect()
+
+    call = SparkCall(sc, late, "sparkdl_train-test")
+    threading.Timer(0.5, go.set).start()
+    t0 = time.monotonic()
+    call.cancel(20.0)
+    assert time.monotonic() - t0 < 20, "the late job ran on"
+    with pytest.raises(Exception, match="(?i)cancel"):
+        call.result()
+    deadline = time.monotonic() + 10
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not tracker.getActiveJobsIds()

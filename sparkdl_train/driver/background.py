@@ -9,8 +9,19 @@ group and tags (a fit's cancel reaches them), plus a job tag of the call's own, 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Any, Callable
+
+_current = threading.local()
+
+
+def cancelled() -> bool:
+    """Inside a :class:`SparkCall`'s function: whether the call has been cancelled. A function that
+    waits before it submits its job checks this first: ``cancel()`` ends the jobs that exist when it
+    runs, and one submitted just after would run to its end."""
+    call = getattr(_current, "call", None)
+    return call is not None and call._cancelled.is_set()
 
 
 def spark_thread(sc: Any, target: Callable[..., Any], name: str, args: tuple = ()) -> threading.Thread:
@@ -36,6 +47,7 @@ class SparkCall:
         self._sc = sc
         self._box: dict[str, Any] = {}
         self._thread = None
+        self._cancelled = threading.Event()
         self.tag = f"{name}-{uuid.uuid4().hex[:8]}"
         if sc is None:
             self._run(fn, None)
@@ -46,6 +58,7 @@ class SparkCall:
     def _run(self, fn: Callable[[], Any], description: str | None) -> None:
         sc = self._sc
         old = None
+        _current.call = self
         if sc is not None:
             sc.addJobTag(self.tag)
             if description is not None:
@@ -56,6 +69,7 @@ class SparkCall:
         except BaseException as exc:  # noqa: BLE001 - raised by result()
             self._box["error"] = exc
         finally:
+            _current.call = None
             if sc is not None:
                 if description is not None:
                     sc.setLocalProperty("spark.job.description", old)
@@ -76,8 +90,20 @@ class SparkCall:
         return self._box["value"]
 
     def cancel(self, wait: float = 30.0) -> None:
-        """Cancel its Spark jobs, if it still runs, and wait up to ``wait`` seconds for it to end."""
+        """Cancel its Spark jobs, if it still runs, and wait up to ``wait`` seconds for it to end. The
+        tag is cancelled again while it waits: a job its function submitted just after the first
+        cancel (between its own check of :func:`cancelled` and Spark registering the job) is reached
+        too. (A prepare job submitted so was seen running to its end, TensorFlow's import and the
+        model's trace, after the fit had failed on its sample.)"""
+        self._cancelled.set()
         if self._thread is None or not self._thread.is_alive():
             return
-        self._sc.cancelJobsWithTag(self.tag)
-        self._thread.join(wait)
+        deadline = time.monotonic() + wait
+        while True:
+            self._sc.cancelJobsWithTag(self.tag)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._thread.join(min(0.25, left))
+            if not self._thread.is_alive():
+                return

@@ -31,7 +31,7 @@ from ..data.adapters import DataAdapter
 from ..data.batching import Batch, row_signature, take_rows
 from ..worker.prepare import PrepareTask
 from ..worker.tasks import StepSettings
-from .background import SparkCall
+from .background import SparkCall, cancelled
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,8 @@ def start_prepare(adapter: DataAdapter, payload_ref: Any, settings: StepSettings
                 batch = _rows_off(after)
         if check is not None:
             check.wait(check_timeout)  # a failed check fails the fit, which cancels this job
+        if cancelled():  # the fit failed (its sample) while this waited: no job
+            return []
         return collect(PrepareTask(payload_ref, settings, batch, tuple(kinds) if batch is not None else ()))
 
     call = SparkCall(sc, job, "sparkdl_train-prepare", "sparkdl_train fit: preparing the executors' model")
