@@ -188,7 +188,6 @@ class AllreduceTrainTask:
                     local_steps += 1
                 else:
                     buf.fill(0.0)
-                    step.touched = step.untouched()
                     if buckets is not None:
                         buckets.ready_all()
                 t0 = time.perf_counter()
@@ -201,8 +200,9 @@ class AllreduceTrainTask:
                     break
                 tables = ()
                 if step.tables:  # every rank's touched rows, after the vector (the buckets' thread is done with the link)
-                    touched_rows += sum(len(ids) for ids, _ in step.touched)
-                    tables = sparse_ring.exchange(step.tables, step.touched, link, rank, size, wire)
+                    mine = step.touched if batch is not None else step.untouched()  # out of data: no rows
+                    touched_rows += sum(len(ids) for ids, _ in mine)
+                    tables = sparse_ring.exchange(step.tables, mine, link, rank, size, wire)
                 comm += time.perf_counter() - t0
                 step.apply(buf, tables)
                 global_steps += 1

@@ -91,8 +91,7 @@ class AllreduceEngine(Engine):
     def __init__(self, config: EngineConfig, model: Any, sc: Any, launch: Launch):
         check_learning_rate(model, config)
         super().__init__(config, model, sc, launch)
-        self._model = model
-        self.sparse_at: tuple[tuple[int, int], ...] = ()  # the fit's StepSettings.sparse_tables, seen at its first epoch
+        self.sparse_names: list[str] = []  # the tables the fit's StepSettings send by rows, named at its first epoch
         self.secret = new_secret()  # per fit; proves ring peers belong to it
         # every rank accepts its previous rank: they share one identity, key included
         self.tls = new_identity("sparkdl_train ring") if launch.tls else None
@@ -139,13 +138,8 @@ class AllreduceEngine(Engine):
         return {"engine": "allreduce", "average": self.average, "epochs_per_stage": self.epochs_per_stage,
                 "ranks": self.workers, "compression": c.allreduce.compression or "none",
                 "bucket_bytes": c.allreduce.bucket_bytes if self.step == "fused" else 0,
-                "sparse_gradients": self._sparse_names(),
+                "sparse_gradients": self.sparse_names,
                 "lr_scaling": c.allreduce.lr_scaling, **self.totals}
-
-    def _sparse_names(self) -> list[str]:
-        """The tables whose gradients this fit's steps exchange by rows (as its StepSettings say)."""
-        weights = list(self._model.weights)
-        return [weights[i].path for i, _ in self.sparse_at]
 
     def _ring_settings(self, round_: str) -> RingSettings:
         c = self.config
@@ -159,7 +153,9 @@ class AllreduceEngine(Engine):
         )
 
     def train_epoch(self, ctx: EpochContext) -> tuple[dict[str, Any], EpochStats]:
-        self.sparse_at = ctx.settings.sparse_tables
+        if ctx.settings.sparse_tables and not self.sparse_names:
+            weights = list(ctx.model.weights)
+            self.sparse_names = [weights[i].path for i, _ in ctx.settings.sparse_tables]
         if self.epochs_per_stage > 1 or self._stage is not None:
             return self._staged_epoch(ctx)
         model, train, settings, epoch = ctx.model, ctx.train, ctx.settings, ctx.epoch
