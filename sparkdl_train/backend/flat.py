@@ -74,12 +74,13 @@ class FusedLayout:
         if not self.trainables:
             raise ValueError(f"model {model.name!r} has no trainable weights")
         weights = list(model.weights)
-        table_ids = {id(weights[i]) for i in sparse}
-        if len(table_ids) != len(sparse) or any(not any(v is weights[i] for v in self.trainables) for i in sparse):
+        # positions in trainables: the tables (in model.weights' order), and the vector's weights
+        position = {id(v): i for i, v in enumerate(self.trainables)}
+        self.table_at = [position.get(id(weights[i])) for i in sparse]
+        taken = set(self.table_at)
+        if None in taken or len(taken) != len(sparse):
             raise ValueError(f"sparse tables {list(sparse)} are not distinct trainable weights of model {model.name!r}")
-        # positions in trainables: the vector's weights, and the tables (in model.weights' order)
-        self.dense_at = [i for i, v in enumerate(self.trainables) if id(v) not in table_ids]
-        self.table_at = [next(i for i, v in enumerate(self.trainables) if v is weights[w]) for w in sparse]
+        self.dense_at = [i for i in range(len(self.trainables)) if i not in taken]
         self.variables = [self.trainables[i] for i in self.dense_at]
         self.shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
         self.sizes = [int(np.prod(s)) for s in self.shapes]
@@ -91,6 +92,17 @@ class FusedLayout:
                 raise ValueError(f"sparse table {self.trainables[i].path!r} has shape {shape}, not (rows, dim)")
             self.tables.append(TableShape(*shape, most=m))
         self.batch_size = float(batch_size)
+        # the last gradient call's (ids, weighted rows) per sparse table
+        self.touched: list[tuple[np.ndarray, np.ndarray]] = self.untouched()
+
+    def untouched(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """No rows of any table (a rank out of data)."""
+        return [(np.zeros(0, t.id_dtype), np.zeros((0, t.dim), np.float32)) for t in self.tables]
+
+    def check_tables(self, tables: Sequence[Any]) -> None:
+        """``apply``'s sparse tables: one ``(ids, rows)`` per table of this step."""
+        if len(tables) != len(self.tables):
+            raise ValueError(f"{len(tables)} sparse tables handed to a step that has {len(self.tables)}")
 
     def buckets(self, bucket_bytes: int) -> list[tuple[int, int, int, int]]:
         """The vector cut for overlap (``allreduce.bucketBytes``): buckets of whole weights, taken from

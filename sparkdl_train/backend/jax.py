@@ -336,7 +336,6 @@ class FusedStep(FusedLayout):
             raise ConfigError(BUCKETS_REFUSED)
         super().__init__(model, batch_size, sparse)
         self.bucket_bounds: list = []
-        self.touched = self.untouched()
         offsets = np.cumsum([0, *self.sizes])
         shapes, sizes, dense_at, table_at, tables = self.shapes, self.sizes, self.dense_at, self.table_at, self.tables
 
@@ -372,10 +371,6 @@ class FusedStep(FusedLayout):
 
         self._gradients = _Compiled(gradients, ())
         self._apply = _Compiled(apply, _donate())
-
-    def untouched(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """No rows of any table (a rank out of data)."""
-        return [(np.zeros(0, t.id_dtype), np.zeros((0, t.dim), np.float32)) for t in self.tables]
 
     def _grad_groups(self) -> list[list[Any]]:
         """The gradient step's state: trainable, non-trainable, metric and optimizer variables; the
@@ -430,8 +425,7 @@ class FusedStep(FusedLayout):
         """Apply the summed vector and, per sparse table, every rank's ``(ids, rows)`` (rank order)."""
         from ..allreduce.sparse import combine
 
-        if len(tables) != len(self.tables):
-            raise ValueError(f"{len(tables)} sparse tables handed to a step that has {len(self.tables)}")
+        self.check_tables(tables)
         padded = []
         for t, (ids, rows) in zip(self.tables, tables):
             ids, rows = combine(np.asarray(ids), np.asarray(rows, np.float32).reshape(-1, t.dim))

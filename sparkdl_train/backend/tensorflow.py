@@ -167,17 +167,11 @@ class FusedStep(FusedLayout):
         self.bucket_bounds = self.buckets(bucket_bytes) if bucket_bytes else []
         self._out: np.ndarray | None = None
         self._ready: Any = None
-        # the last call's (ids, weighted rows) per sparse table
-        self.touched: list[tuple[np.ndarray, np.ndarray]] = self.untouched()
         self._gradients = tf.function(self._gradients_impl, reduce_retracing=True)
         signature = [tf.TensorSpec([None], tf.float32)]
         for t in self.tables:
             signature += [tf.TensorSpec([None], tf.as_dtype(t.id_dtype)), tf.TensorSpec([None, t.dim], tf.float32)]
         self._apply = tf.function(self._apply_impl, input_signature=signature)
-
-    def untouched(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """No rows of any table (a rank out of data)."""
-        return [(np.zeros(0, t.id_dtype), np.zeros((0, t.dim), np.float32)) for t in self.tables]
 
     def _gradients_impl(self, x: Any, y: Any, sample_weight: Any) -> Any:
         import tensorflow as tf
@@ -284,8 +278,7 @@ class FusedStep(FusedLayout):
 
     def apply(self, summed: np.ndarray, tables: Any = ()) -> None:
         """Apply the summed vector and, per sparse table, every rank's ``(ids, rows)`` (rank order)."""
-        if len(tables) != len(self.tables):
-            raise ValueError(f"{len(tables)} sparse tables handed to a step that has {len(self.tables)}")
+        self.check_tables(tables)
         self._apply(summed, *(a for pair in tables for a in pair))
 
 
