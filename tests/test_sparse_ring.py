@@ -143,6 +143,11 @@ def test_a_block_too_large_for_the_tables_fails_naming_its_rank():
     bad[:8].view(np.int64)[0] = 51  # more rows than table 0 has
     with pytest.raises(RingError, match="rank 4 sent row counts"):
         sparse.unpack(SHAPES, bad, w, origin=4)
+    for table, bad_id in ((0, 50), (2, 7), (1, -1)):  # ids outside a table: never scattered, on any rank
+        block = sparse.pack(SHAPES, touched(np.random.default_rng(2), 1)[0], w)
+        sparse.unpack(SHAPES, block, w, origin=5)[table][0][-1] = bad_id  # the views write into the block
+        with pytest.raises(RingError, match=f"rank 5 sent row id {bad_id} for a table of {SHAPES[table].rows} rows"):
+            sparse.unpack(SHAPES, block, w, origin=5)
     with pytest.raises(RingError, match="rank 2 sent a sparse block of 32 bytes for row counts"):
         sparse.unpack(SHAPES, np.zeros(32, np.uint8), w, origin=2)
     with pytest.raises(RingError, match="from rank 3 lacks its header"):

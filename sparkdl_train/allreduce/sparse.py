@@ -14,7 +14,8 @@ Block layout (every section padded to 8 bytes): one int64 count per table, then 
 (int32, or int64 for tables of 2^31 rows or more) and its rows in the wire's type (float32,
 float16, or bfloat16 as the top 16 bits of float32, :mod:`.ring`). Lengths travel first (one
 int64 per rank round the ring), then the blocks, received straight into one buffer; a length
-beyond what the tables can hold fails the step naming the rank.
+beyond what the tables can hold, a count above a table's bound, or an id outside its table fails
+the step naming the rank (the peers are authenticated; a bad id is refused before any scatter).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def unpack(shapes: Sequence[TableShape], block: np.ndarray, wire: ring._Wire, or
         k = int(k)
         n = k * s.id_dtype.itemsize
         ids = block[pos : pos + n].view(s.id_dtype)
+        if k and (int(ids.min()) < 0 or int(ids.max()) >= s.rows):
+            bad = ids[(ids < 0) | (ids >= s.rows)]
+            raise RingError(f"rank {origin} sent row id {int(bad[0])} for a table of {s.rows} rows")
         pos += _pad(n)
         n = k * s.dim * wire.dtype.itemsize
         out.append((ids, block[pos : pos + n].view(wire.dtype)))
