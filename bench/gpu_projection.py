@@ -127,6 +127,10 @@ def main() -> None:
         sm.Engine("averaging"),
         sm.Engine("ps", "hogwild", None),
         sm.Engine("ps", "asynchronous", 4),
+        # deltas and replies as bfloat16 (ps.compression): the driver's NIC and the worker's bytes halved,
+        # the server's float32 work not
+        sm.Engine("ps", "hogwild", None, ps_wire="bf16"),
+        sm.Engine("ps", "asynchronous", 4, ps_wire="bf16"),
         sm.Engine("allreduce", precision=4),
         sm.Engine("allreduce", precision=4, epochs_per_stage=k),
         # the tables' gradients as the rows each step touched (allreduce.sparseGradients)

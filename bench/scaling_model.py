@@ -144,6 +144,7 @@ class Engine:
     bucket_bytes: int = 0
     hop_s: float | None = None  # a collective library's own cost per hop in place of this project's ring's
     gpus_per_node: int = 1  # hierarchical: reduced within a node for free (NVLink), the ring runs across nodes
+    ps_wire: str | None = None  # ps: deltas and replies as "fp16" / "bf16" (ps.compression); the server adds float32
 
     @property
     def label(self) -> str:
@@ -159,7 +160,7 @@ class Engine:
                      + (f", {self.gpus_per_node} GPUs/node" if self.gpus_per_node > 1 else ""))
             return what + extra + (f", {self.epochs_per_stage} epochs/stage" if self.epochs_per_stage > 1 else "")
         every = "epoch" if self.every is None else "batch" if self.every == 1 else str(self.every)
-        return f"{self.mode} PS/{every}{'' if self.sparse else ' dense'}"
+        return f"{self.mode} PS/{every}{'' if self.sparse else ' dense'}{f', {self.ps_wire} wire' if self.ps_wire else ''}"
 
 
 @dataclass(frozen=True)
@@ -285,20 +286,30 @@ def predict(engine: Engine, w: Workload, n: int, net: Network, server: Server, r
     raise ValueError(f"unknown engine kind {engine.kind!r}")
 
 
+# ps.compression: seconds per float32 value narrowed to the wire's type and widened back (numpy on
+# this project's CI VM, 117k values: fp16 483 / 194 us, bf16 100 / 26 us; tests/test_ps_wire.py)
+WIRE_CONVERT_S = {"fp16": (4.1e-9, 1.65e-9), "bf16": (0.85e-9, 0.22e-9)}
+
+
 def _ps(engine: Engine, w: Workload, n: int, net: Network, server: Server, spark: SparkCosts,
         ideal: float, slow: float) -> Prediction:
     k = w.steps_per_epoch if engine.every is None else engine.every
     table = w.touched_bytes(k) if engine.sparse else w.table_bytes
     one_way = w.dense_bytes + table  # a push, and the pull that answers it
-    wire = 2.0 * one_way
+    applied_bytes = 2.0 * one_way  # what the server adds and copies: float32 whatever the wire
+    wire, convert = applied_bytes, 0.0
+    if engine.ps_wire:  # half the bytes on the wire; each side narrows what it sends and widens what it gets
+        wire = applied_bytes / 2.0
+        convert = one_way / 4.0 * sum(WIRE_CONVERT_S[engine.ps_wire])
     rows = table / w.row_bytes if w.row_bytes else 0.0
-    applied = wire / server.serial_bytes_per_s + rows * server.row_s  # the bytes and rows of a request
+    applied = applied_bytes / server.serial_bytes_per_s + rows * server.row_s  # the bytes and rows of a request
     service = server.request_s + (applied if engine.mode != "hogwild" else 0.0)  # serial, per request
-    parallel = applied if engine.mode == "hogwild" else 0.0  # hogwild applies without the lock
+    # hogwild applies without the lock; the server's conversions run outside it, in the connection's thread
+    parallel = (applied if engine.mode == "hogwild" else 0.0) + convert
     nic = wire / net.driver_bandwidth  # the driver's NIC, per request
     epoch_share = _stage(n, w, net, spark) * k / w.steps_per_epoch
     compute = k * w.compute_s
-    worker = w.push_fixed_s + wire * w.push_byte_s
+    worker = w.push_fixed_s + wire * w.push_byte_s + convert
     if engine.mode == "synchronous":
         slow = straggler(n, w.step_cv / math.sqrt(k))  # a round waits for the slowest k-step sum
         parts = {"compute": compute, "stragglers": compute * (slow - 1.0), "worker_sync": worker,
@@ -310,11 +321,9 @@ def _ps(engine: Engine, w: Workload, n: int, net: Network, server: Server, spark
         return _done(n, n * k * w.batch / sum(parts.values()), ideal, parts)
     # asynchronous / hogwild: a closed system of n workers around two queues (server, driver NIC)
     base = compute + worker + service + parallel + nic + wire / net.bandwidth + 2.0 * net.latency_s + epoch_share
-    if engine.mode == "hogwild":
-        # lock-free applies spread over the driver's cores; the serial part is the request cost
-        capacity = 1.0 / max(service, nic, parallel / max(1, server.driver_cores))
-    else:
-        capacity = 1.0 / max(service, nic)  # requests per second the driver sustains
+    # requests per second the driver sustains: its lock, its NIC, and the work outside the lock (lock-free
+    # applies, the wire's conversions) spread over its cores
+    capacity = 1.0 / max(service, nic, parallel / max(1, server.driver_cores))
     cycle = _closed_cycle(n, base, service, nic, capacity)
     rate_requests = min(n / cycle, capacity)
     parts = {"compute": compute, "worker_sync": worker, "server": service + parallel, "driver_nic": nic,

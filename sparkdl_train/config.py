@@ -390,6 +390,12 @@ class ParameterServerConfig(_Group):
         "copies on several of the driver's cores at once. A reply is then consistent within each range (another "
         "push may have reached one range and not yet the next); a synchronous round adds its rows with every range "
         "locked, and the replies to its pushes hold all of them. 1: every row under the server's one lock.", inert=(1,))
+    compression: str | None = setting(
+        "ps.compression", None, Choice(COMPRESSIONS, "ps_compression"),
+        "'fp16' or 'bf16': workers push their deltas (dense arrays and embedding rows) and receive the server's "
+        "weights as float16 / bfloat16, half the bytes each way; the server keeps and adds float32, and a worker "
+        "trains from the server's weights rounded to that type (fp16 keeps 11 bits of precision up to 65504; bf16 "
+        "8 bits with float32's range).", arg="ps_compression", inert=(None, "none"))
     round_timeout: float = setting(
         "ps.roundTimeout", 600.0, Seconds(), "Seconds a synchronous round waits for every worker.", argument=False)
     join_timeout: float = setting(
@@ -548,6 +554,9 @@ class EngineConfig:
                 if getattr(ar, name) not in inert:
                     raise ConfigError(f"{name}={getattr(ar, name)!r} applies to gradients (allreduce, frequency='batch'); "
                                       "frequency='epoch' averages the model's state in float64")
+        if core.mode == "synchronous" and core.frequency == "epoch" and groups["ps"].compression not in (None, "none"):
+            raise ConfigError("ps_compression applies to the parameter server's pushes; mode='synchronous' with "
+                              "frequency='epoch' merges through Spark's treeReduce, with no server")
         for arg in arguments:  # only explicit arguments: a cluster-wide key may be meant for other modes
             s = known[arg]
             if not _applies(s, core.mode, arguments[arg]):

@@ -5,7 +5,8 @@ import TensorFlow once for all three (each job's own assertions are the test's):
 * the flagship job, ``jobs/train_ctr.py`` (``--ctr`` arguments: its default engine, features from Parquet files);
 * the image job, ``jobs/train_images.py`` (``--images`` arguments: PNG bytes decoded on the executors);
 * RDD fits of (x, y) rows, each as a user builds them, and where and how each ran (:func:`rdd_fits`),
-  and per-step allreduce fits with the embedding gradients whole and as rows (:func:`sparse_allreduce_fits`):
+  per-step allreduce fits with the embedding gradients whole and as rows (:func:`sparse_allreduce_fits`),
+  and parameter-server fits with float32 and bfloat16 on the wire (:func:`ps_wire_fits`):
 
   * ``parallelized``: ``sc.parallelize(list(zip(x, y)))`` as Elephas' to_simple_rdd builds it: the
     JVM takes the fit's sample from its frames, no Python task;
@@ -68,6 +69,7 @@ def rdd_fits(spark, out_dir: str) -> None:
     fit("cached", cached)
     fit("cached_again", cached)
     summary["sparse_allreduce"] = sparse_allreduce_fits(spark)
+    summary["ps_wire"] = ps_wire_fits(spark, cached, xt, yt)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -99,6 +101,21 @@ def sparse_allreduce_fits(spark) -> dict:
                          "weights_sha256": [sorted({i["weights_sha256"] for i in e.partitions.values()}) for e in sm.stats.epochs],
                          "bytes_sent": sum(i["bytes_sent"] for e in sm.stats.epochs for i in e.partitions.values()),
                          "rows_sent": [i.get("sparse_rows_sent") for e in sm.stats.epochs for i in e.partitions.values()]}
+    return out
+
+
+def ps_wire_fits(spark, rdd, xt, yt) -> dict:
+    """Synchronous parameter-server fits pushing every 4 steps with float32 and bfloat16 deltas and
+    replies (ps.compression): where they ran, the server's bytes and pushes, the test accuracy."""
+    out = {}
+    for wire in (None, "bf16"):
+        model = make_mlp()
+        sm = SparkModel(model, mode="synchronous", frequency=4, num_workers=2, ps_compression=wire)
+        sm.fit(rdd, epochs=EPOCHS, batch_size=32, verbose=0)
+        server = sm.stats.server
+        out[str(wire)] = {**where_it_ran(spark, sm.stats), "wire": server["wire"], "updates": server["updates"],
+                          "bytes": server["bytes_in"] + server["bytes_out"],
+                          "accuracy": model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]}
     return out
 
 

@@ -136,3 +136,29 @@ def test_delta_scale_multiplies_what_the_server_applies(sc, digits):
         rdd, epochs=1, batch_size=64, shuffle=False, verbose=0)
     for a, b, c in zip(start.get_weights(), w0, ref.get_weights()):
         np.testing.assert_allclose(a - b, 0.25 * (c - b), atol=1e-6)
+
+
+def test_a_half_width_wire_learns_as_well_with_half_the_bytes(sc, digits, reference_accuracy):
+    """ps_compression: deltas and replies as float16 / bfloat16; the same pushes, half the bytes."""
+    x, y, xt, yt = digits
+    rdd = to_simple_rdd(sc, x, y)
+    out = {}
+    for wire in (None, "fp16", "bf16"):
+        model = make_mlp()
+        sm = SparkModel(model, mode="asynchronous", frequency=4, num_workers=2, ps_compression=wire)
+        sm.fit(rdd, epochs=EPOCHS, batch_size=32, verbose=0)
+        server = sm.stats.as_dict()["server"]
+        out[wire] = (model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"], server["updates"],
+                     server["bytes_in"] + server["bytes_out"])
+        assert sm.config.ps_compression == wire and server["wire"] == (wire or "float32")
+    for wire in ("fp16", "bf16"):
+        acc, updates, moved = out[wire]
+        assert acc >= reference_accuracy - 0.03, (wire, out)
+        assert updates == out[None][1]
+        assert 0.49 < moved / out[None][2] < 0.52, (wire, out)  # values halved; frame headers stay
+    with pytest.raises(ConfigError, match="ps_compression applies to"):
+        SparkModel(make_mlp(), mode="allreduce", ps_compression="fp16")
+    with pytest.raises(ConfigError, match="ps_compression applies to the parameter server's pushes"):
+        SparkModel(make_mlp(), mode="synchronous", frequency="epoch", ps_compression="bf16")
+    with pytest.raises(ConfigError, match="unknown ps_compression 'fp8'"):
+        SparkModel(make_mlp(), mode="asynchronous", ps_compression="fp8")

@@ -213,3 +213,24 @@ def test_sparse_rows_send_the_dense_weights_through_the_ring_and_gather_the_touc
     many = [sm.predict(sm.Engine("allreduce", sparse_rows=s), CTR, 1 << 16, NET, SERVER, RING, FREE_SPARK) for s in (False, True)]
     assert many[1].efficiency < many[0].efficiency
     assert sm.Engine("allreduce", sparse_rows=True).label == "allreduce fp32, sparse rows"
+
+
+def test_a_half_width_ps_wire_halves_the_nics_bytes_not_the_servers_float32_work_and_costs_conversions():
+    fast = sm.Server(request_s=200e-6, serial_bytes_per_s=20e9, driver_cores=8)  # its lock outpaces its NIC
+    for mode in ("asynchronous", "synchronous"):
+        fp32 = sm.predict(sm.Engine("ps", mode, 1, sparse=False), DENSE, 64, NET, fast, RING, FREE_SPARK)
+        for wire, (narrow_s, widen_s) in sm.WIRE_CONVERT_S.items():
+            half = sm.predict(sm.Engine("ps", mode, 1, sparse=False, ps_wire=wire), DENSE, 64, NET, fast, RING, FREE_SPARK)
+            assert half.parts["driver_nic"] == pytest.approx(fp32.parts["driver_nic"] / 2)
+            convert = DENSE.dense_bytes / 4 * (narrow_s + widen_s)
+            assert half.parts["worker_sync"] == pytest.approx(fp32.parts["worker_sync"] + convert)
+            if mode == "asynchronous":  # the lock's work is float32 either way; the conversions run beside it
+                assert half.parts["server"] == pytest.approx(fp32.parts["server"] + convert)
+            assert fp32.bottleneck in (None, "driver_nic") or mode == "synchronous"
+            assert half.efficiency > 1.3 * fp32.efficiency, (mode, wire)  # 100 MB pushes: the driver's NIC decides
+    assert "bf16 wire" in sm.Engine("ps", "asynchronous", 4, ps_wire="bf16").label
+    # a light request the server's lock decides: half the bytes gain little, the conversions cost
+    light = sm.Workload("light", compute_s=0.001, batch=64, dense_bytes=1e5, steps_per_epoch=500, step_cv=0.0)
+    a = sm.predict(sm.Engine("ps", "asynchronous", 1, sparse=False), light, 64, NET, SERVER, RING, FREE_SPARK)
+    b = sm.predict(sm.Engine("ps", "asynchronous", 1, sparse=False, ps_wire="fp16"), light, 64, NET, SERVER, RING, FREE_SPARK)
+    assert a.bottleneck == b.bottleneck == "server" and b.efficiency == pytest.approx(a.efficiency, rel=0.05)

@@ -187,6 +187,21 @@ def test_sparse_allreduce_gradients_on_the_standalone_executors_give_the_dense_w
     assert fits["True"]["bytes_sent"] < fits["False"]["bytes_sent"] / 4, (fits["True"]["bytes_sent"], fits["False"]["bytes_sent"])
 
 
+def test_a_bfloat16_parameter_server_wire_on_the_standalone_executors_halves_the_bytes(standalone_cluster, jobs_app):
+    """ps.compression='bf16' across the Workers' executors (tests/standalone_jobs.py): the same pushes
+    with half the values' bytes, and the model learns as with float32."""
+    _, summaries = jobs_app
+    s = summaries["rdd"]
+    fits = s["ps_wire"]
+    for wire, f in fits.items():
+        assert f["master"] == standalone_cluster.url, (wire, f["master"])
+        assert_ran_on_executors(f["executor_ids"], f["worker_pids"], f["driver_pid"])
+        assert f["accuracy"] >= s["reference_accuracy"] - 0.05, (wire, f["accuracy"], s["reference_accuracy"])
+    assert fits["None"]["wire"] == "float32" and fits["bf16"]["wire"] == "bf16"
+    assert fits["bf16"]["updates"] == fits["None"]["updates"] > 0
+    assert 0.49 < fits["bf16"]["bytes"] / fits["None"]["bytes"] < 0.52, fits
+
+
 def test_a_connect_server_on_the_standalone_cluster_trains_from_the_archive(standalone_cluster, env_archive, tmp_path):
     """Spark Connect with the server's executors on the standalone Workers, their environment shipped
     as the README says (the Workers cannot import the checkout): a client process (tests/connect_check.py)

@@ -9,12 +9,14 @@ import numpy as np
 
 from .. import net
 from . import protocol as P
+from .narrow import widen
 
 
 class PSClient:
     def __init__(self, host: str, port: int, secret: bytes, worker: int, timeout: float = 660.0, connect_timeout: float = 30.0,
-                 max_frame_bytes: int = 1 << 34, tls: net.TlsIdentity | None = None):
+                 max_frame_bytes: int = 1 << 34, tls: net.TlsIdentity | None = None, wire: str | None = None):
         self.worker = worker
+        self.wire = wire  # fp16/bf16: deltas sent and weights received in that type (ps.compression)
         self.max_frame_bytes = max_frame_bytes
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -40,6 +42,8 @@ class PSClient:
         got, meta, arrays, n = net.recv(self._sock, self.max_frame_bytes, self._buffer)
         self.bytes_received += n
         net.expect(net.Msg.WEIGHTS, got, meta)
+        if self.wire is not None:  # float32 copies (no longer views into the receive buffer)
+            arrays = [widen(a, self.wire, f"weight {i} of the server's reply") for i, a in enumerate(arrays)]
         return int(meta["version"]), arrays
 
     def pull(self, want: dict[int, np.ndarray] | None = None) -> tuple[int, list[np.ndarray]]:
@@ -47,16 +51,19 @@ class PSClient:
         the rows with those ids. The arrays are read-only views into this client's
         receive buffer: valid until its next ``pull``/``push``."""
         keys, ids = P.pack_want(want)
-        return self._call(net.Msg.PULL, {"want": keys}, ids)
+        meta: dict[str, Any] = {"want": keys}
+        if self.wire is not None:
+            meta["wire"] = self.wire
+        return self._call(net.Msg.PULL, meta, ids)
 
     def push(
         self, delta: Sequence[Any], base_version: int, samples: int, want: dict[int, np.ndarray] | None = None
     ) -> tuple[int, list[np.ndarray]]:
         """Send a delta (arrays, or ``SparseRows`` for tables); returns the server's weights
         after applying it (after the round, in sync mode), with ``want`` as in :meth:`pull`."""
-        rows, arrays = P.pack_update(delta)
+        rows, arrays = P.pack_update(delta, self.wire)
         keys, ids = P.pack_want(want)
-        return self._call(net.Msg.PUSH, P.push_meta(base_version, samples, rows, keys), [*arrays, *ids])
+        return self._call(net.Msg.PUSH, P.push_meta(base_version, samples, rows, keys, self.wire), [*arrays, *ids])
 
     def done(self) -> None:
         self.bytes_sent += net.send(self._sock, net.Msg.DONE)

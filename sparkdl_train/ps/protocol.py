@@ -9,6 +9,9 @@ After the handshake (arrays in model order)::
             delta rows); then the wanted ids
     WEIGHTS {version, rows: [i, ...]}        one array per weight; each table in
             ``rows`` sends only the rows that were asked for, in the order asked
+
+A PULL or PUSH may add ``wire: "fp16" | "bf16"`` (``ps.compression``, :mod:`.narrow`): its deltas
+are in that type, and so is the reply's WEIGHTS.
 """
 
 from __future__ import annotations
@@ -18,11 +21,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..net.framing import ProtocolError, frame_bytes
+from .narrow import narrow, widen, wire_of
 from .state import SparseRows
 
 
-def push_meta(base_version: int, samples: int, rows: list[int], want: list[int]) -> dict[str, Any]:
-    return {"base_version": base_version, "samples": samples, "rows": rows, "want": want}
+def push_meta(base_version: int, samples: int, rows: list[int], want: list[int], wire: str | None = None) -> dict[str, Any]:
+    meta = {"base_version": base_version, "samples": samples, "rows": rows, "want": want}
+    if wire is not None:
+        meta["wire"] = wire
+    return meta
 
 
 def dense_exchange_bytes(weights: Sequence[np.ndarray]) -> int:
@@ -46,16 +53,17 @@ def pack_want(want: dict[int, np.ndarray] | None) -> tuple[list[int], list[np.nd
     return keys, [np.asarray(want[i]) for i in keys]
 
 
-def pack_update(delta: Sequence[Any]) -> tuple[list[int], list[np.ndarray]]:
-    """Flatten a delta (arrays, or :class:`SparseRows` for tables) into frame arrays."""
+def pack_update(delta: Sequence[Any], wire: str | None = None) -> tuple[list[int], list[np.ndarray]]:
+    """Flatten a delta (arrays, or :class:`SparseRows` for tables) into frame arrays, its values
+    in the ``wire``'s type (ids as they are)."""
     rows: list[int] = []
     arrays: list[np.ndarray] = []
     for i, d in enumerate(delta):
         if isinstance(d, SparseRows):
             rows.append(i)
-            arrays.extend((d.ids, d.rows))
+            arrays.extend((d.ids, narrow(d.rows, wire)))
         else:
-            arrays.append(d)
+            arrays.append(narrow(d, wire))
     return rows, arrays
 
 
@@ -66,14 +74,15 @@ def unpack_update(meta: dict[str, Any], arrays: list[np.ndarray], n: int) -> tup
     expected = n + len(rows) + len(want_keys)
     if len(arrays) != expected:
         raise ProtocolError(f"update carries {len(arrays)} arrays, its header announces {expected}")
+    wire = wire_of(meta)
     delta: list[Any] = []
     pos = 0
-    for i in range(n):
+    for i in range(n):  # half-width values widened into float32 here: the server adds float32 only
         if i in rows:
-            delta.append(SparseRows(arrays[pos], arrays[pos + 1]))
+            delta.append(SparseRows(arrays[pos], widen(arrays[pos + 1], wire, f"the rows of table {i}")))
             pos += 2
         else:
-            delta.append(arrays[pos])
+            delta.append(widen(arrays[pos], wire, f"the delta of array {i}"))
             pos += 1
     return delta, unpack_want(want_keys, arrays[pos:])
 

@@ -82,6 +82,7 @@ class ParameterServer(AuthServer):
                 raise net.ProtocolError(f"unexpected {kind.name} from worker {worker}")
             try:
                 rows = sorted(want) if want else []
-                state.stats.add_bytes(sent=net.send(conn, net.Msg.WEIGHTS, {"version": reply.version, "rows": rows}, reply.arrays))
+                out = reply.on_wire(P.wire_of(meta))
+                state.stats.add_bytes(sent=net.send(conn, net.Msg.WEIGHTS, {"version": reply.version, "rows": rows}, out))
             finally:
                 state.release(reply)

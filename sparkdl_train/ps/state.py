@@ -44,6 +44,7 @@ import numpy as np
 from ..errors import ServerStopped
 from ..merge import WeightedMean
 from . import rows as table_rows
+from .narrow import narrow
 
 MODES = ("synchronous", "asynchronous", "hogwild")
 
@@ -107,12 +108,13 @@ class SparseRows:
 class Snapshot:
     """One version of the dense weights. ``users`` counts senders still reading it."""
 
-    __slots__ = ("version", "arrays", "users")
+    __slots__ = ("version", "arrays", "users", "wired")
 
     def __init__(self, version: int, arrays: list[np.ndarray]):
         self.version = version
         self.arrays = arrays
         self.users = 0
+        self.wired: dict[str, list[np.ndarray]] = {}  # the arrays narrowed for a wire, made by the first reply that needs them
 
 
 class Reply:
@@ -127,6 +129,17 @@ class Reply:
         self.arrays = arrays
         self.snap = snap
         self.want = want  # sharded tables: the rows still to gather (None: every table whole)
+
+    def on_wire(self, wire: str | None) -> list[np.ndarray]:
+        """The arrays to send on ``wire`` (:mod:`.narrow`): the snapshot's dense arrays narrowed once
+        per version and wire (a race makes the same copy twice, harmlessly), the rows per reply."""
+        if wire is None:
+            return self.arrays
+        shared = self.snap.wired.get(wire)
+        if shared is None:
+            shared = self.snap.wired[wire] = [narrow(a, wire) for a in self.snap.arrays]
+        by_id = {id(a): k for k, a in enumerate(self.snap.arrays)}
+        return [shared[by_id[id(a)]] if id(a) in by_id else narrow(a, wire) for a in self.arrays]
 
 
 _MAX_FREE_BUFFERS = 2

@@ -38,6 +38,7 @@ class PSSettings:
     connect_timeout: float = 30.0
     tables: tuple[SparseTable, ...] = ()  # embedding tables pushed and pulled by rows
     tls: TlsIdentity | None = None  # the server's pinned certificate (no key), when the fit uses TLS
+    wire: str | None = None  # ps.compression: deltas and replies as float16 / bfloat16 ("fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class PSTrainTask:
         def want() -> dict[int, np.ndarray] | None:
             return sync.want(ahead.peek(window)) if window else None
 
-        with PSClient(ps.host, ps.port, ps.secret, partition, ps.timeout, ps.connect_timeout, tls=ps.tls) as client:
+        with PSClient(ps.host, ps.port, ps.secret, partition, ps.timeout, ps.connect_timeout, tls=ps.tls,
+                      wire=ps.wire) as client:
             t0 = time.perf_counter()
             wanted = want()
             version, fresh = client.pull(wanted)

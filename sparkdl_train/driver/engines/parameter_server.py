@@ -98,6 +98,7 @@ class ParameterServerEngine(Engine):
             "delta_scale": self.scale,
             "sparse_tables": [t.name for t in self.tables],
             "table_shards": self.state.shards,
+            "wire": self.config.ps.compression if self.config.ps.compression not in (None, "none") else "float32",
             # everything on the wire (handshakes and pulls included) per push ...
             "bytes_per_push": per_push,
             # ... against one dense push and its reply, framing included
@@ -116,6 +117,7 @@ class ParameterServerEngine(Engine):
             host, port, self.secret, self.every, scale=self.scale,
             timeout=self.config.ps.round_timeout + 60, connect_timeout=self.config.core.connect_timeout, tables=self.tables,
             tls=self.tls.for_clients() if self.tls is not None else None,
+            wire=self.config.ps.compression if self.config.ps.compression not in (None, "none") else None,
         )
         self.state.begin_epoch(self.workers)
         partial, stats = run_epoch(ctx, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r))

@@ -1,0 +1,53 @@
+"""Half-width floats on the parameter server's wire (``ps.compression``; pure numpy).
+
+A worker that asks for ``fp16`` or ``bf16`` sends its deltas (dense arrays and table rows) in that
+type and gets the server's weights back in it: half the bytes each way. The server keeps its
+weights in their own type (float32) and adds a delta widened exactly; a worker widens a reply back
+exactly, so its copy of the weights is the server's rounded to the wire's type, and its next delta is
+taken against that copy. ``bf16`` travels as the top 16 bits of float32 (``uint16`` arrays, rounded to
+nearest even as :func:`sparkdl_train.allreduce.ring.to_bf16`); ``fp16`` as numpy's float16. Ids and
+other integer arrays travel as they are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..allreduce.ring import from_bf16, to_bf16
+from ..net.framing import ProtocolError
+
+WIRES = ("fp16", "bf16")
+_WIRE_DTYPE = {"fp16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
+
+
+def wire_of(meta: dict) -> str | None:
+    """The wire type a request asks for (None: the weights' own)."""
+    wire = meta.get("wire")
+    if wire is not None and wire not in WIRES:
+        raise ProtocolError(f"'wire' must be one of {list(WIRES)}, got {wire!r}")
+    return wire
+
+
+def narrow(a: np.ndarray, wire: str | None) -> np.ndarray:
+    """A floating-point ``a`` in the wire's type (a new array); anything else as it is."""
+    a = np.asarray(a)
+    if wire is None or a.dtype.kind != "f":
+        return a
+    if wire == "fp16":
+        return a.astype(np.float16)
+    flat = np.ascontiguousarray(a, np.float32).reshape(-1)
+    return to_bf16(flat, np.empty(flat.size, np.uint16)).reshape(a.shape)
+
+
+def widen(a: np.ndarray, wire: str | None, what: str, dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
+    """``a`` as sent on ``wire`` back in ``dtype`` (exactly: every half-width value is a float32);
+    ``a`` of another type than the wire's fails naming ``what``."""
+    if wire is None:
+        return a
+    if a.dtype != _WIRE_DTYPE[wire]:
+        raise ProtocolError(f"{what} arrived as {a.dtype} on a {wire!r} wire, expected {_WIRE_DTYPE[wire]}")
+    if wire == "fp16":
+        return a.astype(dtype)
+    out = np.empty(a.shape, np.float32)
+    from_bf16(np.ascontiguousarray(a).reshape(-1), out.reshape(-1))
+    return out if dtype == np.float32 else out.astype(dtype)
