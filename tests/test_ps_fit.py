@@ -139,23 +139,23 @@ def test_delta_scale_multiplies_what_the_server_applies(sc, digits):
 
 
 def test_a_half_width_wire_learns_as_well_with_half_the_bytes(sc, digits, reference_accuracy):
-    """ps_compression: deltas and replies as float16 / bfloat16; the same pushes, half the bytes."""
+    """ps_compression: deltas and replies as bfloat16 (float16's path is tests/test_ps_wire.py's); the
+    same pushes, half the bytes, and the model learns as with float32."""
     x, y, xt, yt = digits
     rdd = to_simple_rdd(sc, x, y)
     out = {}
-    for wire in (None, "fp16", "bf16"):
+    for wire in (None, "bf16"):
         model = make_mlp()
         sm = SparkModel(model, mode="asynchronous", frequency=4, num_workers=2, ps_compression=wire)
-        sm.fit(rdd, epochs=EPOCHS, batch_size=32, verbose=0)
+        sm.fit(rdd, epochs=EPOCHS // 2, batch_size=32, verbose=0)
         server = sm.stats.as_dict()["server"]
         out[wire] = (model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"], server["updates"],
                      server["bytes_in"] + server["bytes_out"])
         assert sm.config.ps_compression == wire and server["wire"] == (wire or "float32")
-    for wire in ("fp16", "bf16"):
-        acc, updates, moved = out[wire]
-        assert acc >= reference_accuracy - 0.03, (wire, out)
-        assert updates == out[None][1]
-        assert 0.49 < moved / out[None][2] < 0.52, (wire, out)  # values halved; frame headers stay
+    acc, updates, moved = out["bf16"]
+    assert acc >= out[None][0] - 0.03 and acc >= reference_accuracy - 0.06, out
+    assert updates == out[None][1]
+    assert 0.49 < moved / out[None][2] < 0.52, out  # values halved; frame headers stay
     with pytest.raises(ConfigError, match="ps_compression applies to"):
         SparkModel(make_mlp(), mode="allreduce", ps_compression="fp16")
     with pytest.raises(ConfigError, match="ps_compression applies to the parameter server's pushes"):
