@@ -193,10 +193,12 @@ def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None)
     table_w = rng.normal(size=50)
     ys = (table_w[ids].sum(axis=1) > 0).astype("float32")[:, None]
     m = sparse_model()
-    sm = SparkModel(m, mode="synchronous", frequency="batch", num_workers=2, sparse_embeddings=True)
+    # ... with bfloat16 deltas and replies (ps.compression): the rows widened into JAX's compiled write
+    sm = SparkModel(m, mode="synchronous", frequency="batch", num_workers=2, sparse_embeddings=True, ps_compression="bf16")
     sm.fit(sc.parallelize(list(zip(ids, ys)), 2), epochs=3, batch_size=BATCH, verbose=0)
     result["sparse"] = {"evaluate": m.evaluate(ids, ys, verbose=0, return_dict=True),
-                        "sparse_tables": (sm.stats.server or {}).get("sparse_tables")}
+                        "sparse_tables": (sm.stats.server or {}).get("sparse_tables"),
+                        "wire": (sm.stats.server or {}).get("wire")}
 
     # the table's gradients through the allreduce as the rows each step touched, against whole tables:
     # partitions of 256 and 768 rows (one rank out of data for most steps); with 2 ranks the same weights

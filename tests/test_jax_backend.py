@@ -86,7 +86,7 @@ def test_jax_predict_evaluate_save_load_resume_and_sparse_rows(jax_run):
     assert jax_run["load_max_diff"] == 0.0
     assert jax_run["resume"]["epochs_run"] == [1]  # the second epoch only, from the checkpoint
     assert jax_run["resume"]["max_diff"] <= 1e-5  # equal to two uninterrupted epochs
-    assert jax_run["sparse"]["sparse_tables"] == ["table"]
+    assert jax_run["sparse"]["sparse_tables"] == ["table"] and jax_run["sparse"]["wire"] == "bf16"
     assert jax_run["sparse"]["evaluate"]["accuracy"] >= 0.85
     # allreduce.sparseGradients on JAX: the step hands back the table's rows that have a gradient
     sa = jax_run["sparse_allreduce"]
