@@ -86,3 +86,27 @@ def test_tasks_read_their_gpus_from_spark_on_local_cluster():
         # the fit started right after the session: it waited for both executors (a CI run once trained on one)
         assert r["registration"]["executors"] == 2 and r["registration"]["complete"], r["registration"]
         assert r["loss"][-1] < r["loss"][0] / 2 and r["acc"] > 0.85, r
+
+
+def test_the_driver_warns_once_a_fit_when_tasks_leave_gpus_idle(caplog):
+    """A task given several GPUs trains on the first; the driver says so once per fit, naming the setting."""
+    import logging
+
+    from sparkdl_train.driver.engines.base import idle_gpus, warn_idle_gpus
+
+    parts = {0: {"gpus": ["0", "1"], "device": "/GPU:0"}, 1: {"gpus": ["2", "3"], "device": "/GPU:2"}, 2: {"samples": 5}}
+    assert idle_gpus(parts) == {0: ["0", "1"], 1: ["2", "3"]}
+    assert idle_gpus({0: {"gpus": ["3"]}, 1: {}}) == {}
+
+    class Fit:  # a fit's monitor: anything weakly referenceable
+        pass
+
+    fit, other = Fit(), Fit()
+    with caplog.at_level(logging.WARNING, logger="sparkdl_train.driver.engines.base"):
+        warn_idle_gpus(fit, parts)
+        warn_idle_gpus(fit, parts)  # the next epoch: already said
+        warn_idle_gpus(other, {0: {"gpus": ["5"]}})  # one GPU a task: nothing to say
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert "2 task(s) were given several GPUs (partition 0: ['0', '1'])" in warnings[0]
+    assert "2 GPU(s) sat idle" in warnings[0] and "spark.task.resource.gpu.amount=1" in warnings[0]

@@ -102,7 +102,8 @@ def placement() -> dict[str, Any]:
                           f"sees {visible} GPU(s)")
     else:
         # one device per task: a task given several GPUs trains on the first (the others
-        # stay reserved for it by Spark); data parallelism across GPUs is one task per GPU
+        # stay reserved for it by Spark, and the driver warns: engines.base.idle_gpus); data
+        # parallelism across GPUs is one task per GPU
         device = backend.current().device_name(ordinals[0])
     return {"gpus": addresses, "cuda_ordinals": ordinals, "device": device}
 

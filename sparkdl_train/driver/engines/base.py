@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -172,6 +173,27 @@ def evaluate_logs(model: Any, adapter: DataAdapter, refs: SharedRefs, settings: 
     return metrics_result(model)
 
 
+_WARNED_IDLE_GPUS: "weakref.WeakSet[Any]" = weakref.WeakSet()  # fits (their monitors) told about idle GPUs
+
+
+def idle_gpus(partitions: dict[int, dict[str, Any]]) -> dict[int, list[str]]:
+    """The tasks Spark gave more than one GPU (partition -> its GPU addresses): each trains on the
+    first (sparkdl_train.worker.gpu), so the others sit idle."""
+    return {p: list(i["gpus"]) for p, i in sorted(partitions.items()) if len(i.get("gpus") or ()) > 1}
+
+
+def warn_idle_gpus(fit: Any, partitions: dict[int, dict[str, Any]]) -> None:
+    """Warn, once per ``fit`` (its monitor), when tasks were given GPUs they leave idle."""
+    several = idle_gpus(partitions)
+    if not several or fit in _WARNED_IDLE_GPUS:
+        return
+    _WARNED_IDLE_GPUS.add(fit)
+    p, gpus = next(iter(several.items()))
+    log.warning("%d task(s) were given several GPUs (partition %d: %s) but a task trains on one, so %d GPU(s) sat idle: "
+                "set spark.task.resource.gpu.amount=1 (and spark.executor.resource.gpu.amount to the GPUs per executor) "
+                "so that every GPU runs a task of its own", len(several), p, gpus, sum(len(g) - 1 for g in several.values()))
+
+
 def run_epoch(
     ctx: EpochContext,
     make_task: Callable[[Any, Any, Any], Any],
@@ -193,6 +215,7 @@ def run_epoch(
     finally:
         train.unshare(state)
     locate(train.spark_context(), partial.partitions)
+    warn_idle_gpus(ctx.monitor, partial.partitions)
     n_parts = train.num_partitions()
     empty = sorted(set(range(n_parts)) - {p for p, i in partial.partitions.items() if i.get("samples", 0) > 0})
     if partial.samples == 0:
