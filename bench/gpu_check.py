@@ -22,7 +22,9 @@ object:
   host-to-device seconds and bytes (dense weights and the touched embedding rows), and the
   parameter-server task's samples/s;
 * ``fused``: the fused step's gradient (forward, backward, flattening into one vector, copy to
-  the host) and apply (copy to the device, split, optimizer) against one plain train step;
+  the host) and apply (copy to the device, split, optimizer) against one plain train step; and
+  (``sparse_rows``) the same with the tables' gradients handed over as the rows the step touched
+  (``allreduce.sparseGradients``: what reaches the host, and the time);
 * ``state_transfer``: the whole state read to the host and written back, per variable against
   batched transfers and pinned host memory;
 * ``prepare_ahead``: the prepare job's task on a fresh worker, then the first pass: whether it
@@ -476,6 +478,32 @@ def fused_cost(payload, x_np, y_np, args) -> dict:
         out[str(bs)] = {"gradients_seconds": round(grad, 6), "apply_seconds": round(apply, 6),
                         "train_step_seconds": round(plain, 6), "vector_bytes": int(buf.nbytes),
                         "fused_over_plain": round((grad + apply) / plain, 2)}
+        # the same with the tables' gradients as the rows the step touched (allreduce.sparseGradients):
+        # the device hands over the nonzero rows (jnp.nonzero at the batch's bound), one rank's rows applied
+        from sparkdl_train.driver.sparse import gradient_tables
+
+        tables = gradient_tables(model, True, 2, bs)
+        sparse = cached_fused_step(model, bs, 0, tables)
+        vec = np.empty(sparse.size, np.float32)
+        sparse.trace(batch)
+        sparse.gradients(batch, vec)
+        sparse.apply(vec, sparse.touched)
+        jax.block_until_ready([v.value for v in model.trainable_variables])
+        t0 = time.perf_counter()
+        for _ in range(n):
+            sparse.gradients(batch, vec)
+        s_grad = (time.perf_counter() - t0) / n
+        touched = sparse.touched
+        t0 = time.perf_counter()
+        for _ in range(n):
+            sparse.apply(vec, touched)
+        jax.block_until_ready([v.value for v in model.trainable_variables])
+        s_apply = (time.perf_counter() - t0) / n
+        out[str(bs)]["sparse_rows"] = {
+            "tables": len(tables), "rows_touched": [int(len(ids)) for ids, _ in touched],
+            "bytes_to_host": int(vec.nbytes + sum(ids.nbytes + rows.nbytes for ids, rows in touched)),
+            "gradients_seconds": round(s_grad, 6), "apply_seconds": round(s_apply, 6),
+            "fused_over_plain": round((s_grad + s_apply) / plain, 2)}
     return out
 
 

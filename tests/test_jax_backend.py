@@ -138,6 +138,10 @@ def test_gpu_check_runs_the_executor_pass_on_the_cpu(tmp_path):
     assert r["push"]["server_updates"] > 0 and r["push"]["tables"] == ["field_embedding", "linear_embedding"]
     # the fused vector: every trainable weight plus the rank's weight
     assert r["fused"]["256"]["vector_bytes"] % 4 == 0 and r["fused"]["256"]["gradients_seconds"] > 0
+    # with the tables' gradients as rows: both tables, at most a batch's 256 x 26 lookups each, far fewer bytes
+    rows = r["fused"]["256"]["sparse_rows"]
+    assert rows["tables"] == 2 and all(0 < k <= 256 * 26 for k in rows["rows_touched"]), rows
+    assert rows["bytes_to_host"] < r["fused"]["256"]["vector_bytes"] / 2 and rows["apply_seconds"] > 0, rows
 
 
 def test_host_arrays_handed_to_a_jax_model_are_copied_never_aliased():
