@@ -52,6 +52,9 @@ def parse_args(argv: list[str]) -> dict:
     p.add_argument("--sparse-gradients", choices=["auto", "on", "off"], dest="sparse_gradients",
                    help="allreduce --frequency batch: the embedding tables' gradients travel as the rows each step "
                         "looked up ('on'), whole ('off'), or by rows where that moves fewer bytes ('auto', the default)")
+    p.add_argument("--ps-compression", choices=["none", "fp16", "bf16"], dest="ps_compression",
+                   help="parameter-server modes: deltas and replies as float16 / bfloat16 (half the bytes; the server "
+                        "adds float32)")
     p.add_argument("--batch-size", type=int, dest="batch_size")
     p.add_argument("--workers", type=int, help="training partitions (default: default parallelism)")
     p.add_argument("--embed-dim", type=int, dest="embed_dim")
@@ -89,6 +92,9 @@ def parse_args(argv: list[str]) -> dict:
     sparse = cfg.pop("sparse_gradients", None)
     if sparse not in (None, "auto"):
         cfg["ring"]["sparse_gradients"] = sparse == "on"
+    wire = cfg.pop("ps_compression", None)
+    if wire not in (None, "none"):
+        cfg["ring"]["ps_compression"] = wire  # refused by SparkModel where no server runs
     return cfg
 
 
@@ -112,6 +118,7 @@ def communication(stats) -> dict:
             "dense_bytes_per_push": server["dense_bytes_per_push"],
             "dense_to_actual_bytes": server["dense_to_actual_bytes"],
             "delta_scale": server["delta_scale"],
+            "wire": server["wire"],
             "mean_concurrency": server["mean_concurrency"],  # workers active per push, on average
             "solo_pushes": server["solo_updates"],
         }

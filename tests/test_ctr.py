@@ -134,8 +134,8 @@ SMALL_ROWS = 80_000
 )
 def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, frequency, request):
     argv = ["--data", small_ctr, "--mode", mode, "--epochs", "1", "--workers", "2", "--output", str(tmp_path)]
-    if mode == "hogwild":  # features written as Parquet: the tasks read the files themselves
-        argv += ["--features-dir", str(tmp_path / "features")]
+    if mode == "hogwild":  # features written as Parquet: the tasks read the files themselves; bfloat16 pushes
+        argv += ["--features-dir", str(tmp_path / "features"), "--ps-compression", "bf16"]
     tracked = mode == "asynchronous"  # --mlflow: the job's one run, into a SQLite store here
     if tracked:
         import mlflow
@@ -173,6 +173,7 @@ def test_job_trains_with_each_engine(spark, job, small_ctr, tmp_path, mode, freq
             assert comm["bytes_per_step"] >= 2 * n_bytes, comm  # dense gradients, 2 ranks
     else:
         assert comm["sparse_tables"] == ["field_embedding", "linear_embedding"]
+        assert comm["wire"] == ("bf16" if mode == "hogwild" else "float32")
         assert comm["dense_bytes_per_push"] > 2 * n_bytes
         assert comm["dense_to_actual_bytes"] > 1.5, comm  # rows touched by 1-4 batches of 512, not whole tables
     vocab = Vocabulary.from_json((tmp_path / "vocabulary.json").read_text())
@@ -198,6 +199,8 @@ def test_job_averages_through_the_ring_with_both_epochs_in_one_stage(spark, job,
     with pytest.raises(ConfigError, match="table_average"):
         job.main(["--data", small_ctr, "--mode", "asynchronous", "--table-average", "touches", "--output", str(tmp_path)],
                  spark=spark)
+    with pytest.raises(ConfigError, match="ps_compression applies to"):
+        job.main(["--data", small_ctr, "--ps-compression", "bf16", "--output", str(tmp_path)], spark=spark)
 
 
 @pytest.mark.slow

@@ -37,8 +37,33 @@ def test_narrow_then_widen_is_the_nearest_half_width_value_and_ids_pass_untouche
         widen(a, wire, "the rows")
 
 
-def _server(weights, sparse=()):
-    return ParameterServer(ServerState(weights, "asynchronous", sparse=list(sparse)), "127.0.0.1", SECRET).start()
+def _server(weights, sparse=(), mode="asynchronous"):
+    return ParameterServer(ServerState(weights, mode, sparse=list(sparse)), "127.0.0.1", SECRET).start()
+
+
+@pytest.mark.parametrize("mode", ["asynchronous", "hogwild"])
+def test_every_reply_narrows_the_weights_of_its_own_version(mode):
+    """A version's dense arrays are narrowed once and reused by its replies; hogwild's one snapshot
+    changes in place, and no reply gets an earlier version's narrowed copy."""
+    dense = np.zeros(64, np.float32)
+    srv = _server([dense], mode=mode)
+    try:
+        with PSClient(*srv.address, SECRET, 0, timeout=10, wire="bf16") as c:
+            v, got = c.pull()
+            v, again = c.pull()
+            np.testing.assert_array_equal(got[0], again[0])
+            expect = np.zeros(64, np.float32)
+            for k in range(1, 4):
+                step = np.full(64, 0.25 * k, np.float32)
+                v, got = c.push([step], v, 8)
+                expect += rounded(step, "bf16")
+                np.testing.assert_array_equal(got[0], rounded(expect, "bf16"))
+                v, pulled = c.pull()
+                np.testing.assert_array_equal(pulled[0], rounded(expect, "bf16"))
+            c.done()
+        np.testing.assert_array_equal(srv.state.snapshot()[0], expect)
+    finally:
+        srv.stop()
 
 
 @pytest.mark.parametrize("wire", ["fp16", "bf16"])

@@ -114,7 +114,9 @@ class Snapshot:
         self.version = version
         self.arrays = arrays
         self.users = 0
-        self.wired: dict[str, list[np.ndarray]] = {}  # the arrays narrowed for a wire, made by the first reply that needs them
+        # wire -> (version, the arrays narrowed for it), made by the first reply that needs them; hogwild's
+        # one snapshot changes in place, its version with it, so an entry serves its version only
+        self.wired: dict[str, tuple[int, list[np.ndarray]]] = {}
 
 
 class Reply:
@@ -135,9 +137,10 @@ class Reply:
         per version and wire (a race makes the same copy twice, harmlessly), the rows per reply."""
         if wire is None:
             return self.arrays
-        shared = self.snap.wired.get(wire)
-        if shared is None:
-            shared = self.snap.wired[wire] = [narrow(a, wire) for a in self.snap.arrays]
+        cached = self.snap.wired.get(wire)
+        if cached is None or cached[0] != self.version:
+            cached = self.snap.wired[wire] = (self.version, [narrow(a, wire) for a in self.snap.arrays])
+        shared = cached[1]
         by_id = {id(a): k for k, a in enumerate(self.snap.arrays)}
         return [shared[by_id[id(a)]] if id(a) in by_id else narrow(a, wire) for a in self.arrays]
 
