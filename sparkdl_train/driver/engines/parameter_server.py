@@ -53,6 +53,7 @@ class ParameterServerEngine(Engine):
         host = driver_host(config, sc)
         self.secret = new_secret()
         self.tables = find_tables(model) if config.ps.sparse_embeddings is not False else ()
+        self.wire = config.ps.compression if config.ps.compression not in (None, "none") else None  # ps.compression
         if config.ps.sparse_embeddings and not self.tables:
             log.warning("sparse_embeddings=True, but no embedding table reads its ids from a model input: all weights travel whole")
         weights = [w.numpy() for w in model.weights]
@@ -98,7 +99,7 @@ class ParameterServerEngine(Engine):
             "delta_scale": self.scale,
             "sparse_tables": [t.name for t in self.tables],
             "table_shards": self.state.shards,
-            "wire": self.config.ps.compression if self.config.ps.compression not in (None, "none") else "float32",
+            "wire": self.wire or "float32",
             # everything on the wire (handshakes and pulls included) per push ...
             "bytes_per_push": per_push,
             # ... against one dense push and its reply, framing included
@@ -117,7 +118,7 @@ class ParameterServerEngine(Engine):
             host, port, self.secret, self.every, scale=self.scale,
             timeout=self.config.ps.round_timeout + 60, connect_timeout=self.config.core.connect_timeout, tables=self.tables,
             tls=self.tls.for_clients() if self.tls is not None else None,
-            wire=self.config.ps.compression if self.config.ps.compression not in (None, "none") else None,
+            wire=self.wire,
         )
         self.state.begin_epoch(self.workers)
         partial, stats = run_epoch(ctx, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r))
