@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..allreduce.ring import from_bf16, to_bf16
+from ..allreduce.ring import BF16, _Wire
 from ..net.framing import ProtocolError
 
 WIRES = ("fp16", "bf16")
-_WIRE_DTYPE = {"fp16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
+
+
+def _wire(wire: str, dtype: np.dtype) -> _Wire:
+    """The ring's own conversions for ``wire``, from and into arrays of ``dtype`` (bfloat16: float32)."""
+    return _Wire(np.dtype(np.float32) if wire == "bf16" else np.dtype(dtype), BF16 if wire == "bf16" else np.float16)
 
 
 def wire_of(meta: dict) -> str | None:
@@ -33,21 +37,19 @@ def narrow(a: np.ndarray, wire: str | None) -> np.ndarray:
     a = np.asarray(a)
     if wire is None or a.dtype.kind != "f":
         return a
-    if wire == "fp16":
-        return a.astype(np.float16)
-    flat = np.ascontiguousarray(a, np.float32).reshape(-1)
-    return to_bf16(flat, np.empty(flat.size, np.uint16)).reshape(a.shape)
+    w = _wire(wire, a.dtype)
+    flat = np.ascontiguousarray(a, np.float32 if w.bf16 else a.dtype).reshape(-1)  # the ring's conversions take flat arrays
+    return w.encode(flat, np.empty(flat.size, w.dtype)).reshape(a.shape)
 
 
-def widen(a: np.ndarray, wire: str | None, what: str, dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
-    """``a`` as sent on ``wire`` back in ``dtype`` (exactly: every half-width value is a float32);
+def widen(a: np.ndarray, wire: str | None, what: str) -> np.ndarray:
+    """``a`` as sent on ``wire`` back in float32 (exactly: every half-width value is a float32);
     ``a`` of another type than the wire's fails naming ``what``."""
     if wire is None:
         return a
-    if a.dtype != _WIRE_DTYPE[wire]:
-        raise ProtocolError(f"{what} arrived as {a.dtype} on a {wire!r} wire, expected {_WIRE_DTYPE[wire]}")
-    if wire == "fp16":
-        return a.astype(dtype)
-    out = np.empty(a.shape, np.float32)
-    from_bf16(np.ascontiguousarray(a).reshape(-1), out.reshape(-1))
-    return out if dtype == np.float32 else out.astype(dtype)
+    w = _wire(wire, np.float32)
+    if a.dtype != w.dtype:
+        raise ProtocolError(f"{what} arrived as {a.dtype} on a {wire!r} wire, expected {w.dtype}")
+    out = np.empty(a.size, np.float32)
+    w.store(out, np.ascontiguousarray(a).reshape(-1))
+    return out.reshape(a.shape)
