@@ -24,7 +24,9 @@ object:
 * ``fused``: the fused step's gradient (forward, backward, flattening into one vector, copy to
   the host) and apply (copy to the device, split, optimizer) against one plain train step; and
   (``sparse_rows``) the same with the tables' gradients handed over as the rows the step touched
-  (``allreduce.sparseGradients``: what reaches the host, and the time);
+  (``allreduce.sparseGradients``: what reaches the host, and the time); and the step through XLA's
+  collectives (``allreduce.collectives='xla'``, one rank: gradients, sum and update in one program on
+  the device, ``collective_over_plain``);
 * ``state_transfer``: the whole state read to the host and written back, per variable against
   batched transfers and pinned host memory;
 * ``prepare_ahead``: the prepare job's task on a fresh worker, then the first pass: whether it
@@ -32,7 +34,8 @@ object:
 * ``resnet`` (``--resnet-batch`` above 0): ResNet-50 in mixed bfloat16, the allreduce's fused step
   against the plain compiled train step at that batch: what staging a 25M-parameter gradient
   through host memory costs on the device (pageable copies, and the vector read through pinned
-  host memory), the figure the GPU projection of ``docs/scaling.md`` leaves out.
+  host memory), the figure the GPU projection of ``docs/scaling.md`` leaves out; and the step
+  through XLA's collectives, which stages nothing.
 
 Without a GPU it runs on the CPU (the default suite runs it small: ``tests/test_jax_backend.py``).
 
@@ -437,6 +440,33 @@ def state_transfer(payload, repeats: int = 3) -> dict:
     return out
 
 
+def collective_step(model, batch, batch_size: int, repeats: int) -> dict:
+    """The allreduce step through XLA's collectives (``allreduce.collectives='xla'``) as one rank of
+    one: gradients, their sum over the mesh (one device: XLA elides it) and the update in one program on
+    the device, nothing through the host but the batch. Mean seconds of ``repeats`` after one compiling
+    call, and whether a step matches one of the plain train step from the same weights."""
+    import jax
+
+    from sparkdl_train.backend.jax_collectives import CollectiveStep
+    from sparkdl_train.data.batching import tree_map
+
+    try:
+        step = CollectiveStep(model, batch_size)
+        step.load()
+        template = tree_map(lambda a: np.asarray(a)[:0], batch)
+        t0 = time.perf_counter()
+        jax.block_until_ready(step(batch, template))
+        compile_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            step(batch, template)
+        jax.block_until_ready(step.state)
+        return {"collective_step_seconds": round((time.perf_counter() - t0) / repeats, 6),
+                "collective_compile_seconds": round(compile_s, 2)}
+    except Exception as exc:  # noqa: BLE001 - reported with the section's other figures
+        return {"collective_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
 def fused_cost(payload, x_np, y_np, args) -> dict:
     """The allreduce's fused step (gradient flattened to one vector and copied to the host; the
     summed vector copied back, split and applied) against one train step, on the device."""
@@ -478,6 +508,10 @@ def fused_cost(payload, x_np, y_np, args) -> dict:
         out[str(bs)] = {"gradients_seconds": round(grad, 6), "apply_seconds": round(apply, 6),
                         "train_step_seconds": round(plain, 6), "vector_bytes": int(buf.nbytes),
                         "fused_over_plain": round((grad + apply) / plain, 2)}
+        coll = collective_step(model, batch, bs, n)
+        if "collective_step_seconds" in coll:
+            coll["collective_over_plain"] = round(coll["collective_step_seconds"] / plain, 2)
+        out[str(bs)].update(coll)
         # the same with the tables' gradients as the rows the step touched (allreduce.sparseGradients):
         # the device hands over the nonzero rows (jnp.nonzero at the batch's bound), one rank's rows applied
         from sparkdl_train.driver.sparse import gradient_tables
@@ -578,6 +612,9 @@ def resnet_fused(batch_size: int, size: int, repeats: int = 10) -> dict:
             return min(got) if got else float("nan")
 
         grad, apply = fastest("gradients_seconds"), fastest("apply_seconds")
+        coll = collective_step(model, batch, batch_size, repeats)
+        if "collective_step_seconds" in coll:
+            coll["collective_over_plain"] = round(coll["collective_step_seconds"] / plain, 3)
         device = jax.devices()[0]
         import jax.numpy as jnp
 
@@ -597,7 +634,7 @@ def resnet_fused(batch_size: int, size: int, repeats: int = 10) -> dict:
                "vector_bytes": int(buf.nbytes), "compile_train_seconds": round(compile_train, 2),
                "compile_fused_seconds": round(compile_fused, 2), "train_step_seconds": round(plain, 5),
                "fused_gradients_seconds": round(grad, 5), "fused_apply_seconds": round(apply, 5),
-               "fused_over_plain": round((grad + apply) / plain, 3), "fused_transfers": ab,
+               "fused_over_plain": round((grad + apply) / plain, 3), "fused_transfers": ab, **coll,
                "d2h_pageable_seconds": round(copy_times(lambda v: np.asarray(jax.device_get(v)), True), 5),
                "h2d_pageable_seconds": round(copy_times(
                    lambda: jax.device_put(buf, device, may_alias=False).block_until_ready()), 5)}

@@ -111,8 +111,8 @@ def main() -> None:
             sm.Engine("allreduce", precision=precision),
             sm.Engine("allreduce", precision=precision, epochs_per_stage=k),
             # buckets of 4 MiB reduced during the backward pass (about 2/3 of a step; allreduce.bucketBytes,
-            # TensorFlow), then, not built: a collective library's hops (NCCL-class, reading device
-            # memory), and 8 GPUs per node reduced over NVLink
+            # TensorFlow), then a collective library's hops (NCCL-class, reading device memory), and 8 GPUs per
+            # node reduced over NVLink: with the hops, what collectives='xla' gives if XLA overlaps its sums
             sm.Engine("allreduce", precision=precision, epochs_per_stage=k, overlap=2 / 3, bucket_bytes=BUCKET),
             sm.Engine("allreduce", precision=precision, epochs_per_stage=k, overlap=2 / 3, bucket_bytes=BUCKET, hop_s=5e-6),
             sm.Engine("allreduce", precision=precision, epochs_per_stage=k, overlap=2 / 3, bucket_bytes=BUCKET, hop_s=5e-6,
@@ -122,6 +122,11 @@ def main() -> None:
             # this project's ring as it runs on a GPU today: the fused step's host staging, measured
             (sm.Engine("allreduce", precision=precision, epochs_per_stage=k),
              lambda n, s=step: resnet(s, n, RESNET_STAGING_S), ", host staging as measured"),
+            # allreduce.collectives='xla' (built; compression='bf16' in the bf16 workload: sums in bfloat16): NCCL
+            # on device memory, no staging, its hops, no overlap. The rows above with hop 5 us are this engine
+            # with the overlap XLA's GPU scheduler may give its per-variable sums (not measured: needs GPUs)
+            (sm.Engine("allreduce", precision=precision, epochs_per_stage=k, hop_s=5e-6),
+             lambda n, s=step: resnet(s, n), ", XLA collectives, no overlap"),
         ], net)
     out["DeepFM"] = table("DeepFM b512 (0.86 ms), 45M-row epochs", deepfm, [
         sm.Engine("averaging"),

@@ -33,6 +33,7 @@ COMPRESSIONS = (None, "none", "fp16", "bf16")
 LR_SCALINGS = ("none", "linear", "sqrt")
 STATE_SUMS = ("float64", "float32")
 TABLE_AVERAGES = ("samples", "touches")
+COLLECTIVES = ("ring", "xla")
 NAN_POLICIES = ("fail", "skip", "ignore")
 CONF_PREFIX = "spark.sparkdl_train."
 PS_MODES = ("synchronous", "asynchronous", "hogwild")
@@ -422,7 +423,8 @@ class AllreduceConfig(_Group):
     compression: str | None = setting(
         "allreduce.compression", None, Choice(COMPRESSIONS, "compression"),
         "'fp16' sends gradients as float16, 'bf16' as bfloat16 (half the bytes either way; bfloat16 keeps float32's "
-        "range, so large gradients cannot overflow; sums are added in float32).", inert=(None, "none"))
+        "range, so large gradients cannot overflow; sums are added in float32, or, with collectives='xla', in that "
+        "type).", inert=(None, "none"))
     bucket_bytes: int = setting(
         "allreduce.bucketBytes", 0, Int(0),
         "frequency='batch', TensorFlow: gradients leave in buckets of about this many bytes (whole weights, from the "
@@ -459,6 +461,15 @@ class AllreduceConfig(_Group):
         "mode='synchronous', frequency='epoch' does); 'touches' weights each row by how often each rank's batches "
         "looked it up, so a row only some ranks trained is not pulled back towards the copies that never saw it "
         "(rows no rank looked up: by samples). One more float per row on the ring.")
+    collectives: str = setting(
+        "allreduce.collectives", "ring", Choice(COLLECTIVES, "collectives"),
+        "frequency='batch', the JAX backend: 'xla' runs each rank as a process of one JAX job (jax.distributed: "
+        "NCCL between GPUs, Gloo between CPUs) and sums the gradients with XLA's collectives inside the compiled "
+        "step, on device memory (no copy to the host; XLA may overlap the sums with the backward pass); with "
+        "compression the sums are taken in float16 / bfloat16 (the ring adds in float32). The "
+        "ranks' coordinator listens on rank 0's executor address without authentication (JAX has none): use it "
+        "on a cluster network only the job reaches. 'ring': this project's ring over authenticated sockets.",
+        inert=("ring",))
     rendezvous: str = setting(
         "allreduce.rendezvous", "driver", Choice(("driver", "spark"), "rendezvous"),
         "How the ranks of an epoch's barrier stage exchange their addresses: 'driver' through a rendezvous server in "
@@ -547,6 +558,14 @@ class EngineConfig:
                 if getattr(groups["allreduce"], name) != inert:
                     raise ConfigError(f"{name} applies to frequency='epoch' (the model's state averaged through the ring); "
                                       "frequency='batch' averages gradients (see compression)")
+        if core.mode == "allreduce" and groups["allreduce"].collectives == "xla":
+            ar = groups["allreduce"]
+            if core.frequency != "batch":
+                raise ConfigError("collectives='xla' sums gradients every step: it needs frequency='batch'")
+            for name, inert in (("bucket_bytes", (0,)), ("sparse_gradients", (None, False))):
+                if getattr(ar, name) not in inert:
+                    raise ConfigError(f"{name}={getattr(ar, name)!r} is a setting of collectives='ring' (this project's "
+                                      "ring); collectives='xla' sums float gradients inside XLA's step")
         if core.mode == "allreduce" and core.frequency == "epoch":
             ar = groups["allreduce"]
             for name, inert in (("compression", (None, "none")), ("lr_scaling", ("none",)), ("bucket_bytes", (0,)),

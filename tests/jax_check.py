@@ -67,6 +67,121 @@ def sparse_model():
     return m
 
 
+def collective_step_alone(w0) -> dict:
+    """sparkdl_train.backend.jax_collectives.CollectiveStep in this process (a job of one, no
+    jax.distributed) against Keras' train_on_batch: a full batch, a short one (padded with weight 0),
+    then zeros of weight 0 (a rank out of data: nothing moves)."""
+    from sparkdl_train import _compat
+    from sparkdl_train.backend.jax_collectives import CollectiveStep
+
+    x, y = data()
+    ours, keras_model = make_model(), make_model()
+    ours.set_weights(w0)
+    keras_model.set_weights(w0)
+    template = (x[:0], y[:0], None)
+    _compat.symbolic_build(ours, (x[:BATCH], y[:BATCH], None))
+    step = CollectiveStep(ours, BATCH)
+    step.load()
+    totals = [float(np.asarray(step((x[:BATCH], y[:BATCH], None), template).addressable_data(0))[0]),
+              float(np.asarray(step((x[BATCH:BATCH + 26], y[BATCH:BATCH + 26], None), template).addressable_data(0))[0])]
+    step.store()
+    # train_on_batch's logs are each batch's own: their row-weighted mean is the two batches' metrics
+    logs = [keras_model.train_on_batch(x[:BATCH], y[:BATCH], return_dict=True),
+            keras_model.train_on_batch(x[BATCH:BATCH + 26], y[BATCH:BATCH + 26], return_dict=True)]
+    before = [np.array(w) for w in ours.get_weights()]
+    totals.append(float(np.asarray(step(None, template).addressable_data(0))[0]))
+    step.store()
+    return {
+        "totals": totals,
+        "max_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(before, keras_model.get_weights())),
+        "metrics": {k: float(v) for k, v in ours.get_metrics_result().items()},
+        "keras_metrics": {k: (float(logs[0][k]) * BATCH + float(logs[1][k]) * 26) / (BATCH + 26) for k in logs[0]},
+        "zeros_moved": max(float(np.max(np.abs(a - b))) for a, b in zip(before, ours.get_weights())),
+    }
+
+
+def xla_against_ring(sc, w0) -> dict:
+    """allreduce through XLA's collectives (each rank a process of one JAX job, jax.distributed with
+    Gloo) against the project's ring, from the same weights: partitions of 250 and 774 rows (short
+    last batches, one rank out of data for most steps), then 1024 and none (a rank with no data), then
+    the first again with both epochs in one stage and bfloat16 sums; then a rank that fails."""
+    from sparkdl_train import SparkModel
+
+    x, y = data()
+    pairs = list(zip(x, y))
+    out: dict = {}
+    ring: dict = {}
+    # "staged": the uneven partitions again, both epochs in one barrier stage (one rank process each),
+    # the gradients summed in bfloat16 (allreduce.compression)
+    for name, parts, extra in (("uneven", [pairs[:250], pairs[250:]], {}), ("empty", [pairs, []], {}),
+                               ("staged", [pairs[:250], pairs[250:]], {"epochs_per_stage": 2, "compression": "bf16"})):
+        rdd = sc.parallelize(parts, 2).flatMap(lambda part: part)
+        fits = {}
+        for how in ("ring", "xla") if name != "staged" else ("xla",):
+            m = make_model()
+            m.set_weights(w0)
+            sm = SparkModel(m, mode="allreduce", num_workers=2, collectives=how, **(extra if how == "xla" else {}))
+            hist = sm.fit(rdd, epochs=EPOCHS, batch_size=BATCH, shuffle=False, verbose=0)
+            fits[how] = (m, sm.stats, hist.history)
+        if name != "staged":
+            ring[name] = fits["ring"]
+        m, stats, history = fits["xla"]
+        reference = ring["uneven" if name == "staged" else name]
+        ranks = [i for e in stats.epochs for i in e.partitions.values()]
+        out[name] = {
+            "max_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(m.get_weights(), reference[0].get_weights())),
+            "history": history, "ring_history": reference[2],
+            "collectives": stats.server.get("collectives"), "stages": stats.server.get("stages"),
+            "compression": stats.server.get("compression"),
+            "ranks": [{k: i.get(k) for k in ("rank", "pid", "daemon_pid", "executor_id", "samples", "global_steps",
+                                              "collectives", "xla_processes", "stage_epochs")} for i in ranks],
+            "accuracy": m.evaluate(x, y, verbose=0, return_dict=True)["accuracy"],
+        }
+    # a rank whose data fails (a NaN row, nan_policy 'fail'): the fit fails at once naming it, without
+    # retrying the epoch, and the other rank's process (waiting on the sums) is gone soon after
+    import time
+
+    bad = x.copy()
+    bad[900, 0] = np.nan
+    rdd = sc.parallelize([pairs[:512], list(zip(bad[512:], y[512:]))], 2).flatMap(lambda part: part)
+    import logging
+
+    retries: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: retries.append(record.getMessage()) if "re-running" in record.getMessage() else None
+    logging.getLogger("sparkdl_train.driver.engines.allreduce").addHandler(handler)
+    t0 = time.perf_counter()
+    try:
+        SparkModel(make_model(), mode="allreduce", num_workers=2, collectives="xla").fit(rdd, epochs=1, batch_size=BATCH,
+                                                                                        verbose=0)
+        out["failure"] = {"raised": None}
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        failed = time.perf_counter() - t0
+        left = []
+        for _ in range(60):
+            left = _rank_processes()
+            if not left:
+                break
+            time.sleep(0.5)
+        out["failure"] = {"raised": type(exc).__name__, "message": str(exc)[:2000], "seconds": failed,
+                          "left_after": time.perf_counter() - t0 - failed, "left": left, "retries": retries}
+    return out
+
+
+def _rank_processes() -> list[int]:
+    """The pids of XLA rank processes on this machine (/proc)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if b"sparkdl_train.worker.xla_rank" in f.read():
+                        pids.append(int(name))
+            except OSError:
+                pass
+    return pids
+
+
 def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None) -> None:
     import keras
     from pyspark.sql import SparkSession
@@ -125,6 +240,11 @@ def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None)
         }
         for i, w in enumerate(m.get_weights()):
             weights[f"{name}_{i}"] = w
+
+    if cases is None:
+        result["collective_step"] = collective_step_alone(w0)
+    if cases is None or "xla" in cases:
+        result["xla"] = xla_against_ring(sc, w0)
 
     if cases is not None:  # a cluster run: the engines only
         result["executor_env"] = dict(sc.environment)

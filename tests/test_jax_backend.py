@@ -96,6 +96,86 @@ def test_jax_predict_evaluate_save_load_resume_and_sparse_rows(jax_run):
     assert sa["accuracy"] >= 0.8, sa
 
 
+def _xla_close(name: str) -> float:
+    """How close an XLA fit's weights and logs are to the ring's: "staged" sums in bfloat16 (each step's
+    gradient rounded to 8 bits) against the ring's float32 fit; the others are the same sums."""
+    return 2e-2 if name == "staged" else 1e-5
+
+
+def _check_xla_ranks(xla: dict) -> None:
+    """Each rank trained in a process of its own (not its Spark worker's), one JAX job of two; a rank
+    that fails fails the fit naming its error (not retried: a data error), and the other rank's
+    process, blocked in the sums, ends within seconds (the JAX job's heartbeat, 10 s)."""
+    failure = xla["failure"]
+    assert failure["raised"] == "WorkerError" and "DataError: non-finite value" in failure["message"], failure
+    assert "partition 1" in failure["message"] and failure["retries"] == [], failure
+    assert failure["left"] == [] and failure["left_after"] < 25, failure
+    for name, fit in xla.items():
+        if name == "failure":
+            continue
+        assert fit["collectives"] == "xla", (name, fit)
+        ranks = fit["ranks"]
+        assert {r["collectives"] for r in ranks} == {"xla"} and {r["xla_processes"] for r in ranks} == {2}, (name, ranks)
+        for epoch in (ranks[:2], ranks[2:]):
+            assert sorted(r["rank"] for r in epoch) == [0, 1], (name, ranks)
+            assert len({r["pid"] for r in epoch}) == 2 and len({r["daemon_pid"] for r in epoch}) == 2, (name, ranks)
+            assert not {r["pid"] for r in epoch} & {r["daemon_pid"] for r in epoch}, (name, ranks)
+            assert len({r["global_steps"] for r in epoch}) == 1, (name, ranks)  # join semantics: the same steps
+
+
+def test_allreduce_through_xla_collectives_trains_the_rings_weights_with_uneven_and_empty_partitions(jax_run):
+    """allreduce.collectives='xla' (jax.distributed, Gloo on this CPU): short last batches padded, a rank
+    out of data or with none feeding zeros of weight 0; the ring's weights and logs, step for step."""
+    xla = jax_run["xla"]
+    _check_xla_ranks(xla)
+    for name, fit in xla.items():
+        if name == "failure":
+            continue
+        close = _xla_close(name)
+        assert fit["max_diff"] <= close, (name, fit["max_diff"])
+        for key in ("loss", "accuracy"):
+            assert fit["history"][key] == pytest.approx(fit["ring_history"][key], abs=close), (name, fit)
+        assert fit["accuracy"] >= 0.85, (name, fit)
+    uneven = xla["uneven"]["ranks"]
+    assert sorted(r["samples"] for r in uneven[:2]) == [250, 774]
+    assert {r["global_steps"] for r in uneven} == {25}  # ceil(774 / 32): the longer partition's steps
+    empty = xla["empty"]["ranks"]
+    assert sorted(r["samples"] for r in empty[:2]) == [0, 1024] and {r["global_steps"] for r in empty} == {32}
+    # allreduce.epochsPerStage=2: one stage, one rank process per rank for both epochs; bfloat16 sums
+    staged = xla["staged"]
+    assert staged["stages"] == 1 and staged["compression"] == "bf16" and staged["max_diff"] > 0, staged
+    assert len({r["pid"] for r in staged["ranks"]}) == 2, staged["ranks"]
+    assert sorted((r["stage_epochs"]["index"], r["rank"]) for r in staged["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert xla["uneven"]["stages"] == 2
+
+
+def test_the_collective_step_alone_is_keras_train_step_with_short_batches_padded(jax_run):
+    """One process, no jax.distributed: a full batch and a short one (26 rows padded to 32 with weight
+    0) give train_on_batch's weights and metrics; zeros of weight 0 (out of data) move nothing."""
+    c = jax_run["collective_step"]
+    assert c["totals"] == [1.0, 26 / 32, 0.0], c
+    assert c["max_diff"] <= 1e-6 and c["zeros_moved"] == 0.0, c
+    for key, value in c["keras_metrics"].items():
+        assert c["metrics"][key] == pytest.approx(value, abs=1e-6), c
+
+
+def test_xla_collectives_are_refused_where_they_cannot_run(spark):
+    """Before any job: the TensorFlow backend (the suite's), per-epoch averaging, the ring's own settings."""
+    from sparkdl_train import SparkModel
+
+    x, y = jax_check.data()
+    rdd = spark.sparkContext.parallelize(list(zip(x, y)), 2)
+    with pytest.raises(ConfigError, match="KERAS_BACKEND=jax"):
+        SparkModel(jax_check.make_model(), mode="allreduce", num_workers=2, collectives="xla").fit(rdd, epochs=1, verbose=0)
+    with pytest.raises(ConfigError, match="frequency='batch'"):
+        SparkModel(jax_check.make_model(), mode="allreduce", frequency="epoch", collectives="xla")
+    for bad in ({"bucket_bytes": 1 << 20}, {"sparse_gradients": True}):
+        with pytest.raises(ConfigError, match=f"{next(iter(bad))}=.*collectives='ring'"):
+            SparkModel(jax_check.make_model(), mode="allreduce", collectives="xla", **bad)
+    with pytest.raises(ConfigError, match="applies to mode='allreduce'"):
+        SparkModel(jax_check.make_model(), mode="hogwild", collectives="xla")
+
+
 # deterministic engines: the same steps in the same order on both backends (float32 arithmetic
 # differs in the last bits, which Adam's normalization of near-zero gradients lets grow a little)
 EQUAL = {"averaging": 2e-3, "sync-batch": 2e-3, "allreduce": 2e-3, "allreduce-fp16": 5e-3, "ring-averaging-stage": 2e-3}
@@ -142,6 +222,8 @@ def test_gpu_check_runs_the_executor_pass_on_the_cpu(tmp_path):
     rows = r["fused"]["256"]["sparse_rows"]
     assert rows["tables"] == 2 and all(0 < k <= 256 * 26 for k in rows["rows_touched"]), rows
     assert rows["bytes_to_host"] < r["fused"]["256"]["vector_bytes"] / 2 and rows["apply_seconds"] > 0, rows
+    # the step through XLA's collectives, one rank (measured against the plain step on a GPU)
+    assert r["fused"]["256"]["collective_step_seconds"] > 0 and r["fused"]["256"]["collective_over_plain"] > 0, r["fused"]
 
 
 def test_host_arrays_handed_to_a_jax_model_are_copied_never_aliased():
@@ -191,13 +273,19 @@ def test_jax_fits_on_local_cluster_executors_that_get_the_backend_from_the_fit(t
     allreduce on the same workers, each on both executors (allreduce after the others once went NaN
     on one rank: backend/jax.py waits for each update now), each task placed on the GPU Spark gave it
     as a task resource (fake GPUs, as tests/test_gpu.py's)."""
-    cases = ["averaging", "sync-batch", "allreduce"]
+    cases = ["averaging", "sync-batch", "allreduce", "xla"]
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "jax_check.py"), str(tmp_path), "local-cluster[2,1,2048]",
                            ",".join(cases)], capture_output=True, text=True, timeout=900, env=_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     r = json.loads((tmp_path / "jax.json").read_text())
     assert r["executor_env"].get("KERAS_BACKEND") == "jax"
-    for name in cases:
+    _check_xla_ranks(r["xla"])  # allreduce through XLA's collectives on the executors: the ring's weights
+    for name, fit in r["xla"].items():
+        if name == "failure":
+            continue
+        assert fit["max_diff"] <= _xla_close(name) and fit["accuracy"] >= 0.85, (name, fit)
+        assert {str(i["executor_id"]) for i in fit["ranks"]} == {"0", "1"}, (name, fit["ranks"])
+    for name in cases[:-1]:
         case = r["cases"][name]
         assert len(case["executor_ids"]) == 2 and "driver" not in case["executor_ids"], (name, case["executor_ids"])
         assert len(case["pids"]) == 2 and case["evaluate"]["accuracy"] >= 0.85, (name, case)

@@ -132,8 +132,9 @@ def _default_device() -> Any:
 
     device = jax.config.jax_default_device
     if isinstance(device, str):
-        return jax.devices(device)[0]
-    return device if device is not None else jax.devices()[0]
+        return jax.local_devices(backend=device)[0]
+    # this process's: in a JAX job of several processes (allreduce.collectives='xla') jax.devices()[0] is rank 0's
+    return device if device is not None else jax.local_devices()[0]
 
 
 #: Whether large device-to-host copies (a model's state read for the driver, the allreduce's
@@ -547,7 +548,7 @@ def device_scope(device: str) -> Iterator[None]:
     import jax
 
     platform, _, ordinal = device.partition(":")
-    with jax.default_device(jax.devices(platform)[int(ordinal or 0)]):
+    with jax.default_device(jax.local_devices(backend=platform)[int(ordinal or 0)]):
         yield
 
 

@@ -88,6 +88,7 @@ class SparkModel:
         sparse_gradients: bool | None = None,
         table_shards: int | None = None,
         ps_compression: str | None = None,
+        collectives: str | None = None,
         **settings: Any,
     ):
         given = dict(locals())  # the parameters as passed; each one is a declared setting (config.py)

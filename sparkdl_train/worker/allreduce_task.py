@@ -72,6 +72,9 @@ class RingSettings:
     state_sums: str = "float64"  # average="state": the type the weighted state is summed in on the ring
     # average="state": embedding tables whose rows (and optimizer slots) are weighted by the ranks' lookups
     tables: tuple[SparseTable, ...] = ()
+    # "ring": this project's ring over sockets; "xla": each rank a process of one JAX job, the gradients
+    # summed by XLA's collectives inside the compiled step (sparkdl_train.worker.xla_task)
+    collectives: str = "ring"
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ class AllreduceTrainTask:
     def __call__(self, partition: int, chunks: Iterable[Batch], barrier: Any = None, *, device: str | None = None) -> Partial:
         """One rank: ``barrier`` is the task's BarrierTaskContext (rank = partition id); ``None``
         runs a ring of one (in-process arrays)."""
+        if self.ring.collectives == "xla":
+            from .xla_task import run_rank
+
+            return run_rank(self, partition, chunks, barrier, device)
         group, host = self.group(barrier)
         rank, size = group.rank, group.size
         link = None

@@ -38,8 +38,9 @@ def local_dir() -> str | None:
 class Replay:
     """Iterate :meth:`first` over the stream once, then :meth:`again` as often as needed."""
 
-    def __init__(self, directory: str | None = None):
+    def __init__(self, directory: str | None = None, path: str | None = None):
         self._file: IO[bytes] | None = None
+        self.path = path  # a named file (read back by another process: :meth:`saved`); None: unnamed
         self.directory = directory if directory is not None else local_dir()  # None: the system's temporary folder
         self._template: Batch | None = None
         self.chunks = 0
@@ -47,7 +48,8 @@ class Replay:
 
     def first(self, chunks: Iterable[Batch]) -> Iterator[Batch]:
         """``chunks`` as they come, each written to the file before it is handed on."""
-        self._file = tempfile.TemporaryFile(prefix="sparkdl_train-partition-", dir=self.directory)
+        self._file = open(self.path, "w+b") if self.path is not None else \
+            tempfile.TemporaryFile(prefix="sparkdl_train-partition-", dir=self.directory)
         for chunk in chunks:
             leaves = [_plain(a) for a in tree_leaves(chunk)]
             if self._template is None:
@@ -59,6 +61,19 @@ class Replay:
             self.bytes += self._file.tell() - start
             self.chunks += 1
             yield chunk
+
+    @property
+    def template(self) -> Batch | None:
+        """The first chunk's structure with no rows (None before one was seen)."""
+        return None if self._template is None else tree_map(lambda a: _plain(a)[:0], self._template)
+
+    @classmethod
+    def saved(cls, path: str, chunks: int, template: Batch) -> "Replay":
+        """The ``chunks`` chunks another Replay wrote to ``path``, structured as ``template``."""
+        replay = cls(path=path)
+        replay._file = open(path, "rb")
+        replay.chunks, replay._template = chunks, template
+        return replay
 
     def again(self) -> Iterator[Batch]:
         """The chunks :meth:`first` saw, in the same order, read back one at a time."""

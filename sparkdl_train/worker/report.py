@@ -58,6 +58,10 @@ class Reporter:
         self._next = now + self.settings.interval
         self._send(steps, samples, model, done=False)
 
+    def due(self) -> bool:
+        """Whether the next call sends a report (a caller whose model's metrics need a copy first)."""
+        return not self._dead and time.monotonic() >= self._next
+
     def finish(self, steps: int, samples: int, model: Any) -> None:
         """The partition's final totals; closes the connection."""
         if not self._dead:

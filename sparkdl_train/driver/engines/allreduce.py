@@ -72,6 +72,10 @@ class AllreduceEngine(Engine):
     def plan(cls, config: EngineConfig, sc: Any, train: DataAdapter) -> Launch:
         if cls.step == "fused" and config.allreduce.bucket_bytes and keras_backend() != "tensorflow":
             raise ConfigError(backend.module("jax").BUCKETS_REFUSED)  # before any job
+        if config.allreduce.collectives == "xla" and keras_backend() != "jax":
+            raise ConfigError(f"collectives='xla' runs the ranks as one JAX job: the model must be built with the JAX "
+                              f"backend (KERAS_BACKEND=jax), not {keras_backend()!r}; collectives='ring' works with every "
+                              "backend")
         if sc is None:  # in-process arrays: one rank
             return Launch(workers=config.num_workers or train.num_partitions(), barrier=True)
         workers = config.num_workers or barrier_slots(sc)
@@ -84,7 +88,7 @@ class AllreduceEngine(Engine):
 
     @classmethod
     def sparse_tables(cls, config: EngineConfig, model: Any, workers: int, batch_size: int) -> tuple[tuple[int, int], ...]:
-        if cls.step != "fused":
+        if cls.step != "fused" or config.allreduce.collectives == "xla":
             return ()
         return gradient_tables(model, config.allreduce.sparse_gradients, workers, batch_size)
 
@@ -136,6 +140,7 @@ class AllreduceEngine(Engine):
     def stats(self) -> dict[str, Any]:
         c = self.config
         return {"engine": "allreduce", "average": self.average, "epochs_per_stage": self.epochs_per_stage,
+                "collectives": c.allreduce.collectives,
                 "ranks": self.workers, "compression": c.allreduce.compression or "none",
                 "bucket_bytes": c.allreduce.bucket_bytes if self.step == "fused" else 0,
                 "sparse_gradients": self.sparse_names,
@@ -146,7 +151,7 @@ class AllreduceEngine(Engine):
         return RingSettings(
             self.secret, average=self.average, state_sums=c.allreduce.state_sums, timeout=c.allreduce.timeout, connect_timeout=c.core.connect_timeout,
             compression=None if c.allreduce.compression in (None, "none") else c.allreduce.compression, lr_scaling=c.allreduce.lr_scaling,
-            tls=self.tls,
+            tls=self.tls, collectives=c.allreduce.collectives,
             rendezvous=None if self.rendezvous is None else RendezvousSettings(
                 self.host, self.rendezvous.port, self.secret, round_,
                 tls=self.rendezvous.tls.for_clients() if self.rendezvous.tls is not None else None),
