@@ -100,37 +100,39 @@ def collective_step_alone(w0) -> dict:
     }
 
 
-def xla_against_ring(sc, w0) -> dict:
+def xla_against_ring(sc, w0, per_stage: int) -> dict:
     """allreduce through XLA's collectives (each rank a process of one JAX job, jax.distributed with
-    Gloo) against the project's ring, from the same weights: partitions of 250 and 774 rows (short
-    last batches, one rank out of data for most steps), then 1024 and none (a rank with no data), then
-    the first again with both epochs in one stage and bfloat16 sums; then a rank that fails."""
+    Gloo) against the project's ring, from the same weights, ``per_stage`` epochs per barrier stage
+    (one rank process each): partitions of 250 and 774 rows (short last batches, one rank out of
+    data for most steps), then 1024 and none (a rank with no data), then (``per_stage`` > 1) the
+    first again with bfloat16 sums; then a rank that fails."""
     from sparkdl_train import SparkModel
 
     x, y = data()
     pairs = list(zip(x, y))
     out: dict = {}
     ring: dict = {}
-    # "staged": the uneven partitions again, both epochs in one barrier stage (one rank process each),
-    # the gradients summed in bfloat16 (allreduce.compression)
-    for name, parts, extra in (("uneven", [pairs[:250], pairs[250:]], {}), ("empty", [pairs, []], {}),
-                               ("staged", [pairs[:250], pairs[250:]], {"epochs_per_stage": 2, "compression": "bf16"})):
+    cases = [("uneven", [pairs[:250], pairs[250:]], {}), ("empty", [pairs, []], {})]
+    if per_stage > 1:  # "bf16": the gradients summed in bfloat16 (allreduce.compression), against the ring's float32
+        cases.append(("bf16", [pairs[:250], pairs[250:]], {"compression": "bf16"}))
+    for name, parts, extra in cases:
         rdd = sc.parallelize(parts, 2).flatMap(lambda part: part)
         fits = {}
-        for how in ("ring", "xla") if name != "staged" else ("xla",):
+        for how in ("ring", "xla") if name != "bf16" else ("xla",):
             m = make_model()
             m.set_weights(w0)
-            sm = SparkModel(m, mode="allreduce", num_workers=2, collectives=how, **(extra if how == "xla" else {}))
+            sm = SparkModel(m, mode="allreduce", num_workers=2, collectives=how,
+                            **({"epochs_per_stage": per_stage, **extra} if how == "xla" else {}))
             hist = sm.fit(rdd, epochs=EPOCHS, batch_size=BATCH, shuffle=False, verbose=0)
             fits[how] = (m, sm.stats, hist.history)
-        if name != "staged":
+        if name != "bf16":
             ring[name] = fits["ring"]
         m, stats, history = fits["xla"]
-        reference = ring["uneven" if name == "staged" else name]
+        reference = ring["uneven" if name == "bf16" else name]
         ranks = [i for e in stats.epochs for i in e.partitions.values()]
         out[name] = {
             "max_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(m.get_weights(), reference[0].get_weights())),
-            "history": history, "ring_history": reference[2],
+            "history": history, "ring_history": reference[2], "per_stage": per_stage,
             "collectives": stats.server.get("collectives"), "stages": stats.server.get("stages"),
             "compression": stats.server.get("compression"),
             "ranks": [{k: i.get(k) for k in ("rank", "pid", "daemon_pid", "executor_id", "samples", "global_steps",
@@ -244,7 +246,8 @@ def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None)
     if cases is None:
         result["collective_step"] = collective_step_alone(w0)
     if cases is None or "xla" in cases:
-        result["xla"] = xla_against_ring(sc, w0)
+        # the default run: both epochs in one stage; a cluster run: a stage (and a rank process) per epoch
+        result["xla"] = xla_against_ring(sc, w0, 2 if cases is None else 1)
 
     if cases is not None:  # a cluster run: the engines only
         result["executor_env"] = dict(sc.environment)

@@ -102,17 +102,22 @@ def _epochs(spec: dict[str, Any], folder: str, joined: float, driver: Any) -> by
             batches = (b for b in run.batches(replay.again()) if num_rows(b))
             samples = local_steps = global_steps = 0
             waited = 0.0
+            # the summed weight of a step is read after the next step is dispatched, so the device never
+            # waits for the host between two steps; the steps after every rank ran out of data are no-ops
+            pending = None
             while True:
                 batch = next(batches, None)
                 total = step(batch, template)
                 if local_steps == 0 and batch is not None and k == 0:
                     run.startup["first_step"] = time.perf_counter() - t0  # compiling the program
-                t1 = time.perf_counter()
-                done = float(np.asarray(total.addressable_data(0))[0]) == 0.0  # every rank out of data
-                waited += time.perf_counter() - t1
-                if done:
-                    break
-                global_steps += 1
+                if pending is not None:
+                    t1 = time.perf_counter()
+                    done = float(np.asarray(pending.addressable_data(0))[0]) == 0.0  # every rank was out of data
+                    waited += time.perf_counter() - t1
+                    if done:
+                        break
+                    global_steps += 1
+                pending = total
                 if batch is not None:
                     local_steps += 1
                     samples += num_rows(batch)
