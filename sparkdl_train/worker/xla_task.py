@@ -110,9 +110,13 @@ def run_rank(task: Any, partition: int, chunks: Iterable[Batch], barrier: Any, d
                 "signature": encode_signature(template) if template is not None else None}
         peers = [json.loads(m) for m in group.all_gather(json.dumps(mine))]
         signatures = [p["signature"] for p in peers if p["signature"] is not None]
-        if not signatures:  # no rank has a row: every rank returns the same empty partial
-            return Partial(partitions={partition: {"rank": rank, "world_size": size, "samples": 0, "batches": 0,
-                                                   "collectives": "xla"}})
+        if not signatures:  # no rank has a row: every rank hands the driver the same empty partials
+            empty = Partial(partitions={partition: {"rank": rank, "world_size": size, "samples": 0, "batches": 0,
+                                                    "collectives": "xla", **task_identity()}})
+            for k in range(task.epochs - 1):
+                if not group.epoch_end(task.epoch + k, empty.to_bytes()):
+                    break
+            return empty
         host0 = peers[0]["host"]
         spec = {
             "payload": task.payload.value, "state": task.state.value, "settings": task.settings, "report": task.report,
@@ -134,6 +138,10 @@ def run_rank(task: Any, partition: int, chunks: Iterable[Batch], barrier: Any, d
                 proc = subprocess.Popen([sys.executable, "-m", "sparkdl_train.worker.xla_rank", folder, str(answers_r), str(epochs_w)],
                                         env=_child_env(device), stdout=out, stderr=subprocess.STDOUT, cwd=folder,
                                         pass_fds=(answers_r, epochs_w))
+            except BaseException:
+                os.close(epochs_r)
+                os.close(answers_w)
+                raise
             finally:
                 os.close(answers_r)
                 os.close(epochs_w)
