@@ -19,6 +19,11 @@ class DataError(SparkDLError, ValueError):
     """The training data does not fit the model (column, dtype, shape, emptiness)."""
 
 
+class RankError(SparkDLError):
+    """Raised on a rank of an allreduce barrier stage; the message names the rank that failed first
+    and carries its traceback."""
+
+
 class FitCancelled(SparkDLError):
     """The Spark jobs of a fit/evaluate were cancelled (job group or tag cancelled,
     e.g. from the Spark UI, ``SparkModel.cancel()`` or ``sc.cancelJobGroup``)."""

@@ -45,6 +45,27 @@ from .flat import first_input
 AXIS = "ranks"
 
 
+def join(coordinator: str, size: int, rank: int, bind: str, gpu: bool, timeout: int) -> None:
+    """This process joins the stage's JAX job: rank 0's process hosts the coordinator on ``bind``;
+    between CPUs the collectives go through Gloo. A rank process that stops sending heartbeats (it
+    failed or was killed) ends the others within 10 s."""
+    import jax
+
+    if not gpu:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    port = coordinator.rsplit(":", 1)[1]
+    jax.distributed.initialize(coordinator, num_processes=size, process_id=rank, initialization_timeout=timeout,
+                               heartbeat_timeout_seconds=10,
+                               coordinator_bind_address=f"{bind}:{port}" if rank == 0 else None)
+
+
+def leave() -> None:
+    """The JAX job's shutdown barrier: every rank reaches it at the end of a stage that succeeded."""
+    import jax
+
+    jax.distributed.shutdown()
+
+
 def _global(local: Any, sharding: Any, shape: tuple[int, ...]) -> Any:
     import jax
 

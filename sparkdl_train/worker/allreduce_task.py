@@ -42,7 +42,7 @@ from ..allreduce.barrier import BarrierGroup, DriverGroup, RendezvousSettings, S
 from ..allreduce.buckets import BucketRing
 from ..allreduce.transport import Group, PeerAborted, rendezvous
 from ..data.batching import Batch, num_rows
-from ..errors import SparkDLError
+from ..errors import RankError, SparkDLError  # RankError: also this module's name for it
 from ..merge import Partial, WeightedMean
 from ..model_io import assign, get_metric_state, get_state, set_state
 from ..net.tls import TlsIdentity
@@ -51,10 +51,6 @@ from .replay import Replay
 from .report import ReportSettings
 from .sparse import SparseTable, TouchCounts
 from .tasks import PartitionPass, Ref, StepSettings, on_task_device
-
-
-class RankError(SparkDLError):
-    """Raised on a rank of the allreduce ring; the message names the rank that failed first."""
 
 
 @dataclass(frozen=True)

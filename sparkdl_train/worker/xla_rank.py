@@ -45,21 +45,14 @@ def train(spec: dict[str, Any], folder: str, driver: Any = None) -> bytes:
 
     settings = spec["settings"]
     runtime.prepare_process(settings.threads, "jax")
-    import jax
+    from ..backend import jax_collectives
 
     t0 = time.perf_counter()
-    if not spec["gpu"]:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    timeout = max(10, int(spec["timeout"]))
-    port = spec["coordinator"].rsplit(":", 1)[1]
-    jax.distributed.initialize(
-        spec["coordinator"], num_processes=spec["size"], process_id=spec["rank"], initialization_timeout=timeout,
-        heartbeat_timeout_seconds=10,  # a rank process gone (failed, killed) ends the others within seconds
-        coordinator_bind_address=f"{spec['bind']}:{port}" if spec["rank"] == 0 else None)
+    jax_collectives.join(spec["coordinator"], spec["size"], spec["rank"], spec["bind"], spec["gpu"], max(10, int(spec["timeout"])))
     blob = _epochs(spec, folder, time.perf_counter() - t0, driver)
     # every rank reaches this: the job's shutdown barrier. A failing rank does not (it would wait there
     # for ranks that wait on its sums): it exits at once, and Spark ends the stage's other tasks
-    jax.distributed.shutdown()
+    jax_collectives.leave()
     return blob
 
 

@@ -29,6 +29,7 @@ import time
 from typing import Any, Iterable
 
 from ..data.batching import Batch
+from ..errors import RankError
 from ..merge import Partial
 from .replay import Replay, local_dir
 from .tasks import task_identity
@@ -91,8 +92,6 @@ def _child_env(device: str | None) -> dict[str, str]:
 
 def run_rank(task: Any, partition: int, chunks: Iterable[Batch], barrier: Any, device: str | None) -> Partial:
     """One rank of ``task`` (an :class:`~.allreduce_task.AllreduceTrainTask`) in a process of its own."""
-    from .allreduce_task import RankError
-
     group, host = task.group(barrier)
     rank, size = group.rank, group.size
     bind = task.ring.host or host
