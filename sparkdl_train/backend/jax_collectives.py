@@ -144,13 +144,11 @@ class CollectiveStep:
     # -- the model's variables <-> the program's global arrays --------------------------------
     def load(self) -> None:
         """The model's variables as the step's state (replicated) and this rank's metrics."""
-        import jax
-
         self.state = [[_global(np.asarray(v.value), self.replicated, tuple(v.shape)) for v in group] for group in self.groups]
-        self.metrics = [jax.device_put(np.asarray(v.value), self.device) for v in self.metric_vars]
+        self.reset_metrics()
 
     def reset_metrics(self) -> None:
-        """This rank's metrics from the model's (reset) variables: a new epoch."""
+        """This rank's metrics from the model's variables (reset: a new epoch)."""
         import jax
 
         self.metrics = [jax.device_put(np.asarray(v.value), self.device) for v in self.metric_vars]

@@ -155,8 +155,7 @@ class AllreduceTrainTask:
         s, r, model = self.settings, self.ring, run.model
         if r.average == "state":
             return self._train_local(run, chunks, link, rank, size, broadcast)
-        factor = {"none": 1.0, "linear": float(size), "sqrt": math.sqrt(size)}[r.lr_scaling]
-        base_lr = _scale_lr(model, factor)
+        base_lr = _scale_lr(model, lr_factor(r.lr_scaling, size))
         wire = {"fp16": np.float16, "bf16": ring.BF16}.get(r.compression)
 
         sent = _link_bytes(link)  # this epoch's bytes are counted from here
@@ -354,6 +353,11 @@ def _broadcast_arrays(arrays: list[np.ndarray], link: Any, rank: int, size: int)
         out.append(blob[pos : pos + a.nbytes].view(a.dtype).reshape(a.shape).copy())
         pos += a.nbytes
     return out
+
+
+def lr_factor(lr_scaling: str, size: int) -> float:
+    """What ``allreduce.lrScaling`` multiplies a constant learning rate by with ``size`` ranks."""
+    return {"none": 1.0, "linear": float(size), "sqrt": math.sqrt(size)}[lr_scaling]
 
 
 def _scale_lr(model: Any, factor: float, base: float | None = None) -> float | None:

@@ -60,14 +60,13 @@ def _epochs(spec: dict[str, Any], folder: str, joined: float, driver: Any) -> by
     """The stage's epochs; returns the last one's partial. Between two epochs the partial goes to the
     task (``driver``: a line-based pipe), which hands it to the driver and answers go or stop."""
     import dataclasses
-    import math
 
     import numpy as np
 
     from .. import _compat
     from ..backend.jax_collectives import CollectiveStep
     from ..data.batching import num_rows, zero_rows
-    from .allreduce_task import _rank_partial, _scale_lr
+    from .allreduce_task import _rank_partial, _scale_lr, lr_factor
     from .replay import Replay
     from .tasks import PartitionPass
     from .xla_task import DATA, EPOCH_RESULT
@@ -77,8 +76,7 @@ def _epochs(spec: dict[str, Any], folder: str, joined: float, driver: Any) -> by
                         device="gpu:0" if spec["gpu"] else None, epoch=first, report=spec["report"])
     run.startup.update(xla_join=joined, spill=spec["spilled_seconds"])
     model = run.model
-    factor = {"none": 1.0, "linear": float(size), "sqrt": math.sqrt(size)}[spec["lr_scaling"]]
-    base_lr = _scale_lr(model, factor)  # in the program's state from here on; the partials carry the base rate
+    base_lr = _scale_lr(model, lr_factor(spec["lr_scaling"], size))  # in the program's state from here on; the partials carry the base rate
     template = spec["template"]
     t0 = time.perf_counter()
     _compat.symbolic_build(model, zero_rows(tuple(template), settings.batch_size))
