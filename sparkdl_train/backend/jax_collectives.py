@@ -140,11 +140,15 @@ class CollectiveStep:
         self._metrics = jax.jit(metrics_update)
         self.state: list[list[Any]] | None = None
         self.metrics: list[Any] | None = None
+        self._metric_args: list[Any] = []
 
     # -- the model's variables <-> the program's global arrays --------------------------------
     def load(self) -> None:
         """The model's variables as the step's state (replicated) and this rank's metrics."""
         self.state = [[_global(np.asarray(v.value), self.replicated, tuple(v.shape)) for v in group] for group in self.groups]
+        # what the program's loss is given as the metrics' values (Keras' stateless scope maps them; the values
+        # it returns are dropped, the metrics being updated outside): built once, not per step
+        self._metric_args = [_global(np.asarray(v.value)[None], self.split, (self.size, *v.shape)) for v in self.metric_vars]
         self.reset_metrics()
 
     def reset_metrics(self) -> None:
@@ -189,9 +193,8 @@ class CollectiveStep:
             a = np.asarray(a)
             return _global(a, self.split, (a.shape[0] * self.size, *a.shape[1:]))
 
-        metrics = [_global(m[None], self.split, (self.size, *m.shape)) for m in self.metrics]
         args = tree_map(split, (x, y)) + ((tree_map(split, sw) if sw is not None else None),)
-        self.state, total, loss, y_pred = self._step(self.state, metrics, *args, split(np.array([rows], np.float32)))
+        self.state, total, loss, y_pred = self._step(self.state, self._metric_args, *args, split(np.array([rows], np.float32)))
         if rows:
             local = tree_map(lambda a: a.addressable_data(0), y_pred)
             if rows < self.batch_size:
