@@ -46,12 +46,19 @@ DEEPFM_STAGING_S = 0.0096 + 0.0090 - 0.00124
 DEEPFM_ROWS_SHARE = (13.2e3 * (36 + 8) + 65e3) / (36e6 + 65e3)
 
 
-def deepfm(n: int, staging_s: float = 0.0) -> sm.Workload:
+# a worker's own cost per push byte with 1M-row tables, compiled end to end (the rows' bases beside the
+# tables, the window's rows not found again) over what it was: bench/ps_push.py, TensorFlow, a push every
+# 4 steps, 25.3 / 28.4 ms before and 15.5 / 14.7 ms after (2026-11-27, docs/scaling.md)
+COMPILED_PUSH = 0.56
+
+
+def deepfm(n: int, staging_s: float = 0.0, push_scale: float = 1.0) -> sm.Workload:
     """The flagship DeepFM at batch 512 (0.86 ms on the H200), 1M-id tables (36 MB), 45M-row epochs split over n;
-    ``staging_s``: the fused step's cost beyond a train step (host staging)."""
+    ``staging_s``: the fused step's cost beyond a train step (host staging); ``push_scale``: the worker's
+    per-byte push cost against the constant measured before its push was compiled end to end."""
     return sm.Workload("DeepFM", 0.86e-3, 512, dense_bytes=65e3, table_bytes=36e6, rows_per_batch=512 * 26, row_bytes=36,
                        table_rows=1e6, steps_per_epoch=int(45e6 / 512 / n), step_cv=0.05, push_fixed_s=0.55e-3,
-                       push_byte_s=9.5e-9, id_bytes=8.0, fused_call_s=staging_s)
+                       push_byte_s=9.5e-9 * push_scale, id_bytes=8.0, fused_call_s=staging_s)
 
 
 def table(title: str, make, engines: list[sm.Engine], net: sm.Network) -> list[dict]:
@@ -136,6 +143,10 @@ def main() -> None:
         # the server's float32 work not
         sm.Engine("ps", "hogwild", None, ps_wire="bf16"),
         sm.Engine("ps", "asynchronous", 4, ps_wire="bf16"),
+        # the worker's push compiled end to end (its per-byte cost as measured, COMPILED_PUSH)
+        (sm.Engine("ps", "hogwild", None, ps_wire="bf16"), lambda n: deepfm(n, push_scale=COMPILED_PUSH), ", push compiled"),
+        (sm.Engine("ps", "asynchronous", 4, ps_wire="bf16"), lambda n: deepfm(n, push_scale=COMPILED_PUSH),
+         ", push compiled"),
         sm.Engine("allreduce", precision=4),
         sm.Engine("allreduce", precision=4, epochs_per_stage=k),
         # the tables' gradients as the rows each step touched (allreduce.sparseGradients)

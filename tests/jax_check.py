@@ -323,6 +323,17 @@ def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None)
                         "sparse_tables": (sm.stats.server or {}).get("sparse_tables"),
                         "wire": (sm.stats.server or {}).get("wire")}
 
+    # a worker's pushes alone (tests/push_rounds.py): JAX's compiled path (bases beside the tables, ids padded
+    # to a few sizes) against the eager one, with a different count of rows every push
+    import push_rounds
+
+    rounds = {c: push_rounds.run(compiled=c) for c in (True, False)}
+    io = rounds[True]["sync"]._io
+    result["push_rounds"] = {"max_diff": push_rounds.compare(rounds[True], rounds[False]),
+                             "reused": [rounds[c]["reused"] for c in (True, False)],
+                             "row_counts": [len(p[rounds[True]["tables"][0]]) for p in rounds[True]["pulled"]],
+                             "executables": [io._read._cache_size(), io._write._cache_size()]}
+
     # the table's gradients through the allreduce as the rows each step touched, against whole tables:
     # partitions of 256 and 768 rows (one rank out of data for most steps); with 2 ranks the same weights
     pairs = list(zip(ids, ys))

@@ -88,6 +88,11 @@ def test_jax_predict_evaluate_save_load_resume_and_sparse_rows(jax_run):
     assert jax_run["resume"]["max_diff"] <= 1e-5  # equal to two uninterrupted epochs
     assert jax_run["sparse"]["sparse_tables"] == ["table"] and jax_run["sparse"]["wire"] == "bf16"
     assert jax_run["sparse"]["evaluate"]["accuracy"] >= 0.85
+    # a worker's pushes alone: the compiled path equals the eager one; six pushes of different row counts
+    # compile one gather and one scatter (ids padded to a few sizes), not one per push
+    pr = jax_run["push_rounds"]
+    assert pr["max_diff"] <= 1e-6 and pr["reused"] == [6, 6] and len(set(pr["row_counts"])) > 3, pr
+    assert pr["executables"] == [1, 1], pr
     # allreduce.sparseGradients on JAX: the step hands back the table's rows that have a gradient
     sa = jax_run["sparse_allreduce"]
     assert sa["tables"] == [[], ["table/embeddings"]], sa

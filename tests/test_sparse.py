@@ -241,9 +241,7 @@ def _sync_rounds(compiled: bool, tables: bool = True):
     keras.utils.set_random_seed(3)
     m = _two_input_model()
     (t,) = find_tables(m)
-    sync = TableSync(m, [t] if tables else [])
-    if not compiled:
-        sync._io = None
+    sync = TableSync(m, [t] if tables else [], compiled=compiled)
     assert (sync._io is not None) == compiled
     writes = []
     if compiled:
@@ -284,6 +282,35 @@ def test_the_compiled_push_path_moves_exactly_what_the_eager_one_does(tables):
                 np.testing.assert_allclose(x, y, rtol=1e-6)
     for x, y in zip(fast_weights, slow_weights):
         np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
+@pytest.mark.parametrize("window", ["exact", "copies", "other"])
+def test_a_push_after_the_window_it_pulled_sends_that_windows_rows_without_finding_them_again(window):
+    """A worker pulls the rows of the window it reads ahead, trains exactly those batches, and pushes:
+    the rows it touched are the rows it pulled (reused, nothing recomputed, the bases on the device
+    beside the tables). Equal batches that are other objects, or other batches, are found from the
+    batches' own ids: the same deltas either way, compiled or eager."""
+    import push_rounds
+
+    runs = {c: push_rounds.run(compiled=c, window=window) for c in (True, False)}
+    assert runs[True]["reused"] == runs[False]["reused"] == (6 if window == "exact" else 0)
+    assert push_rounds.compare(runs[True], runs[False]) <= 1e-6
+    if window != "other":  # what a push sends is what the window pulled
+        assert push_rounds.compare(runs[True], push_rounds.run(compiled=True, window="exact" if window == "copies" else "copies")) == 0.0
+        for deltas, pulled in zip(runs[True]["deltas"], runs[True]["pulled"]):
+            assert [deltas[i][0] for i in runs[True]["tables"]] == [pulled[i] for i in runs[True]["tables"]]
+    else:  # the rows trained, not the rows pulled
+        assert any(d[0][0] != p[0] for d, p in zip(runs[True]["deltas"], runs[True]["pulled"]))
+
+
+def test_jax_pushes_pad_their_ids_to_a_few_sizes():
+    """A compiled gather or scatter is one executable per shape: ids padded to at most four sizes per
+    power of two, at most 25% more."""
+    from sparkdl_train.backend.jax import _id_bucket
+
+    sizes = [_id_bucket(n) for n in range(1, 70000)]
+    assert all(b >= n and (n <= 1024 or b <= 1.25 * n) for n, b in enumerate(sizes, 1))
+    assert sizes[0] == sizes[1023] == 1024 and len(set(sizes)) <= 1 + 4 * 7
 
 
 def test_sparse_embeddings_config_is_validated():

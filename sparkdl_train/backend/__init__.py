@@ -28,7 +28,10 @@ A backend module provides:
     ``sparse`` tables' gradients handed over as rows (both).
 ``variable_io(model, dense, tables)``
     Compiled read and assign of every dense weight (one flat vector) and some table rows, for
-    parameter-server pushes (:mod:`sparkdl_train.worker.sparse`); ``None`` where the eager path serves.
+    parameter-server pushes (:mod:`sparkdl_train.worker.sparse`): ``read(ids, scale)`` gives the rows
+    less their delta bases (the rows as last pulled, kept beside the tables on their device),
+    ``write(flat, ids, rows)`` sets rows of the tables and of their bases, ``rebase()`` makes the
+    tables as they are the bases; ``None`` where the eager path serves.
 ``scatter_rows(variable, ids, rows)``
     ``variable[ids] = rows``.
 ``read_values(variables)``, ``assign_values(variables, arrays)``

@@ -447,9 +447,28 @@ class FusedStep(FusedLayout):
 _IO_CACHE: "weakref.WeakKeyDictionary[Any, tuple[tuple, VariableIO]]" = weakref.WeakKeyDictionary()
 
 
+def _id_bucket(n: int) -> int:
+    """Ids of a push padded to this many (at least 1,024; four sizes per power of two): a compiled
+    gather or scatter is one executable per shape, and a push's count of distinct rows differs
+    every time (one compile per push, tens of milliseconds, without buckets)."""
+    if n <= 1024:
+        return 1024
+    top = 1 << (n - 1).bit_length()  # the power of two at or above n
+    step = top // 8  # top/2 .. top in quarters: at most 25% padding
+    return -(-n // step) * step
+
+
+def _padded_ids(ids: np.ndarray, fill: int) -> np.ndarray:
+    out = np.full(_id_bucket(len(ids)), fill, dtype=ids.dtype)
+    out[: len(ids)] = ids
+    return out
+
+
 class VariableIO(FlatLayout):
-    """Every dense weight (one flat vector) and some table rows read, and assigned, in one
-    compiled call each."""
+    """A push's and a reply's work on the worker's variables, in one compiled call each: every
+    dense weight read (one flat vector) with the touched rows less their delta bases (the rows as
+    last pulled, kept on the device beside the tables), and every dense weight, pulled row and its
+    base assigned. Ids are padded to a few sizes (:func:`_id_bucket`): one executable per size."""
 
     def __init__(self, dense: list[Any], tables: list[Any], dtype: Any):
         import jax
@@ -462,16 +481,24 @@ class VariableIO(FlatLayout):
         offsets = np.cumsum([0, *self.sizes])
         shapes, sizes = self.shapes, self.sizes
 
-        def read(dense_values, table_values, ids):
+        def read(dense_values, table_values, bases, ids, scale):
             flat = jnp.concatenate([jnp.reshape(v, (-1,)) for v in dense_values]) if dense_values else jnp.zeros((0,), dtype)
-            return flat, [jnp.take(t, i, axis=0) for t, i in zip(table_values, ids)]
+            return flat, [(jnp.take(t, i, axis=0) - jnp.take(b, i, axis=0)) * scale.astype(t.dtype)
+                          for t, b, i in zip(table_values, bases, ids)]
 
-        def write(table_values, flat, ids, rows):
+        def write(table_values, bases, flat, ids, rows):  # padding ids lie past the tables' rows: dropped
             dense_new = [jnp.reshape(flat[offsets[k]:offsets[k] + n], s) for k, (n, s) in enumerate(zip(sizes, shapes))]
-            return dense_new, [t.at[i].set(r.astype(t.dtype)) for t, i, r in zip(table_values, ids, rows)]
+            return (dense_new, [t.at[i].set(r.astype(t.dtype), mode="drop") for t, i, r in zip(table_values, ids, rows)],
+                    [b.at[i].set(r.astype(b.dtype), mode="drop") for b, i, r in zip(bases, ids, rows)])
 
         self._read = jax.jit(read)
-        self._write = jax.jit(write, donate_argnums=_donate())
+        # on an accelerator the old tables and bases are given up: no copy of a whole table per reply. On the
+        # CPU nothing is (numpy views of a table's old value may live on; giving up the bases alone was
+        # measured slower there: bench/ps_push.py, 25-27 ms against 38-41 ms a push of 1M-row tables)
+        self._write = jax.jit(write, donate_argnums=(0, 1) if _donate() else ())
+        self._copy = jax.jit(lambda xs: [jnp.copy(x) for x in xs])
+        self._bases: list[Any] = []
+        self.rebase()
 
     @classmethod
     def of(cls, model: Any, dense: list[int], tables: list[int]) -> "VariableIO | None":
@@ -487,12 +514,29 @@ class VariableIO(FlatLayout):
         _IO_CACHE[model] = (key, io)
         return io
 
-    def read(self, ids: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        flat, rows = self._read([v.value for v in self.dense], [t.value for t in self.tables], _owned(list(ids)))
-        return np.asarray(flat), [np.asarray(r) for r in rows]
+    def rebase(self) -> None:
+        """Every table's delta base := the table as it is now (a copy: a train step may donate the table's buffer)."""
+        self._bases = list(self._copy([t.value for t in self.tables])) if self.tables else []
+
+    def read(self, ids: list[np.ndarray], scale: float = 1.0) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The dense weights as one flat vector and the rows ``ids`` less their bases, times ``scale``."""
+        counts = [len(i) for i in ids]
+        flat, rows = self._read([v.value for v in self.dense], [t.value for t in self.tables], self._bases,
+                                _owned([_padded_ids(np.asarray(i), 0) for i in ids]), np.float32(scale))
+        host = _to_host([flat, *rows])
+        return host[0], [r[:n] for r, n in zip(host[1:], counts)]
 
     def write(self, flat: np.ndarray, ids: list[np.ndarray], rows: list[np.ndarray]) -> None:
-        dense_new, tables_new = self._write([t.value for t in self.tables], *_owned((flat, list(ids), list(rows))))
+        """The dense weights from ``flat``; rows ``ids`` of each table, and of its base, from ``rows``."""
+        padded_ids, padded_rows = [], []
+        for t, i, r in zip(self.tables, ids, rows):
+            i, r = np.asarray(i), np.asarray(r)
+            padded_ids.append(_padded_ids(i, int(t.shape[0])))  # past the table's rows: dropped
+            pad = np.zeros((len(padded_ids[-1]), *r.shape[1:]), r.dtype)
+            pad[: len(r)] = r
+            padded_rows.append(pad)
+        dense_new, tables_new, self._bases = self._write([t.value for t in self.tables], self._bases,
+                                                         *_owned((flat, padded_ids, padded_rows)))
         for v, x in zip(self.dense, dense_new):
             _compat.assign_raw(v, x)
         for t, x in zip(self.tables, tables_new):

@@ -292,14 +292,18 @@ _IO_CACHE: "weakref.WeakKeyDictionary[Any, tuple[tuple, VariableIO]]" = weakref.
 
 
 class VariableIO(FlatLayout):
-    """Reading every dense weight and some table rows, and assigning them, in one compiled
-    TensorFlow call each: eager, a push cost one op dispatch per variable and per table (about
-    5 ms per push for the CTR model, against 8 ms of compute per step). The dense weights cross
-    as one flat vector, so a call converts one array, not one per weight (each conversion costs
-    Python 0.06 ms: 0.7 of a push's 1.9 ms for a CTR model of 10 weights). Built once per model
-    and per split of its weights (the worker keeps the model between tasks), or ``None`` where the
-    weights are not TensorFlow variables or the dense ones differ in dtype (then the eager path
-    above runs)."""
+    """A push's and a reply's work on the worker's variables, in one compiled TensorFlow call
+    each: every dense weight read (one flat vector) with the touched rows' deltas, and every
+    dense weight and pulled row assigned. The tables' delta bases (their rows as last pulled)
+    live beside the tables as variables on the same device, so a push's rows are gathered and
+    subtracted, and a reply's rows written into the table and its base, without leaving compiled
+    code (on the host, numpy's fancy indexing of the bases cost the CTR model's push about 6 ms
+    of its 19). Eager, a push cost one op dispatch per variable and per table (about 5 ms per
+    push for the CTR model, against 8 ms of compute per step). The dense weights cross as one flat
+    vector, so a call converts one array, not one per weight (each conversion costs Python
+    0.06 ms). Built once per model and per split of its weights (the worker keeps the model
+    between tasks), or ``None`` where the weights are not TensorFlow variables or the dense ones
+    differ in dtype (then the eager path of :mod:`sparkdl_train.worker.sparse` runs)."""
 
     def __init__(self, dense: list[Any], tables: list[Any], id_dtypes: list[Any], dtype: Any):
         import tensorflow as tf
@@ -308,16 +312,28 @@ class VariableIO(FlatLayout):
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.dtype = np.dtype(dtype)
         sizes, shapes = self.sizes, self.shapes
+        bases = []
+        for t in tables:  # the delta bases, on the tables' devices
+            with tf.device(t.device):
+                bases.append(tf.Variable(tf.zeros(t.shape, t.dtype), trainable=False))
+        self._tables, self._bases = tables, bases
 
-        def read(ids):
+        def read(ids, scale):
             flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in dense], 0) if dense else tf.zeros([0], dtype)
-            return flat, [tf.gather(t, i) for t, i in zip(tables, ids)]
+            return flat, [(tf.gather(t, i) - tf.gather(b, i)) * tf.cast(scale, t.dtype)
+                          for t, b, i in zip(tables, bases, ids)]
 
         def write(flat, ids, rows):
             for v, part, shape in zip(dense, tf.split(flat, sizes) if dense else [], shapes):
                 v.assign(tf.reshape(part, shape))
-            for t, i, r in zip(tables, ids, rows):
+            for t, b, i, r in zip(tables, bases, ids, rows):
                 t.scatter_update(tf.IndexedSlices(r, i))
+                b.scatter_update(tf.IndexedSlices(r, i))
+            return tf.constant(0)
+
+        def rebase():
+            for t, b in zip(tables, bases):
+                b.assign(t.read_value())
             return tf.constant(0)
 
         id_specs = [tf.TensorSpec([None], d) for d in id_dtypes]
@@ -325,8 +341,10 @@ class VariableIO(FlatLayout):
         flat_spec = tf.TensorSpec([sum(sizes)], dtype)
         # concrete functions: a call skips the polymorphic function's matching of its arguments'
         # types (a push's read 0.61 to 0.21 ms, its write 0.76 to 0.43 ms)
-        self._read = tf.function(read, input_signature=[id_specs], autograph=False).get_concrete_function()
+        self._read = tf.function(read, input_signature=[id_specs, tf.TensorSpec([], tf.float64)],
+                                 autograph=False).get_concrete_function()
         self._write = tf.function(write, input_signature=[flat_spec, id_specs, row_specs], autograph=False).get_concrete_function()
+        self._rebase = tf.function(rebase, input_signature=[], autograph=False).get_concrete_function()
 
     @classmethod
     def of(cls, model: Any, dense: list[int], tables: list[int]) -> "VariableIO | None":
@@ -348,12 +366,17 @@ class VariableIO(FlatLayout):
         _IO_CACHE[model] = (key, io)
         return io
 
-    def read(self, ids: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """The dense weights as one flat vector (read-only) and the rows ``ids``."""
-        flat, rows = self._read(list(ids))
+    def rebase(self) -> None:
+        """Every table's delta base := the table as it is now (a whole table was assigned, or a task begins)."""
+        self._rebase()
+
+    def read(self, ids: list[np.ndarray], scale: float = 1.0) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The dense weights as one flat vector (read-only) and the rows ``ids`` less their bases, times ``scale``."""
+        flat, rows = self._read(list(ids), scale)
         return flat.numpy(), [r.numpy() for r in rows]
 
     def write(self, flat: np.ndarray, ids: list[np.ndarray], rows: list[np.ndarray]) -> None:
+        """The dense weights from ``flat``; rows ``ids`` of each table, and of its base, from ``rows``."""
         self._write(flat, list(ids), list(rows))
 
 

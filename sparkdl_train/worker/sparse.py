@@ -103,70 +103,103 @@ def _wire_ids(ids: np.ndarray, rows: int) -> np.ndarray:
 
 class TableSync:
     """What a worker pushes and adopts: dense weights whole, tables by rows (what was pulled,
-    the delta base, and what was touched). With no tables every weight travels whole."""
+    the delta base, and what was touched). With no tables every weight travels whole.
 
-    def __init__(self, model: Any, tables: Sequence[SparseTable]):
+    The rows a push sends are the rows its batches looked up. When the worker pulled the rows of
+    exactly the window it then trained (:meth:`want`, then :meth:`receive`), those are the rows it
+    pulled, already unique and sorted: nothing is recomputed. Otherwise (no window, or batches
+    that were not the window's) they are found from the batches' ids."""
+
+    def __init__(self, model: Any, tables: Sequence[SparseTable], compiled: bool = True):
+        """``compiled`` False: the eager path even where the backend compiles one (the reference the tests compare with)."""
         self.model = model
         self.tables = tuple(tables)
         self._weights = list(model.weights)
         self._vars = {t.index: self._weights[t.index] for t in self.tables}
-        self._base = {t.index: np.array(self._vars[t.index].numpy(), copy=True) for t in self.tables}
-        self._touched = {t.index: np.zeros(t.rows, dtype=bool) for t in self.tables}
         self._dense = [i for i in range(len(self._weights)) if i not in self._vars]
         self._dense_base: list[np.ndarray] = []
-        # one compiled call reads (and one assigns) every dense weight and the rows of a push: the backend's,
-        # or None where the eager path below serves
-        self._io = backend.current().variable_io(model, self._dense, [t.index for t in self.tables])
+        # one compiled call reads (and one assigns) every dense weight and the rows of a push, the rows' delta
+        # bases kept beside the tables: the backend's, or None where the eager path below serves
+        self._io = backend.current().variable_io(model, self._dense, [t.index for t in self.tables]) if compiled else None
+        self._base: dict[int, np.ndarray] = {}  # the eager path's delta bases
+        if self._io is not None:
+            self._io.rebase()
+        else:
+            self._base = {t.index: np.array(self._vars[t.index].numpy(), copy=True) for t in self.tables}
+        self._readers: dict[tuple, SparseTable] = {}  # one table per input: tables read by one input share ids
+        for t in self.tables:
+            self._readers.setdefault(_input_of(t), t)
+        self._touched = {k: np.zeros(t.rows, dtype=bool) for k, t in self._readers.items()}
+        # the rows last pulled for a window (per input), that window's batches, and the batches tracked since
+        self._pulled: dict[tuple, np.ndarray] | None = None
+        self._window: list[Batch] = []
+        self._seen: list[Batch] = []
+        self.reused = 0  # pushes whose rows were the pulled window's (nothing recomputed)
 
     # -- what the batches look up --------------------------------------------------------
     def track(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        """Pass batches through, marking the rows each one looks up as touched."""
+        """Pass batches through, noting the rows each one looks up."""
         for batch in batches:
-            for t in self.tables:
-                self._touched[t.index][t.ids(batch[0])] = True
+            if self._pulled is not None:
+                self._seen.append(batch)  # a window's batches: their rows are the pulled ones if they are its
+            else:
+                for key, t in self._readers.items():
+                    self._touched[key][t.ids(batch[0])] = True
             yield batch
 
     def want(self, window: Sequence[Batch]) -> dict[int, np.ndarray]:
         """Ids (unique, sorted) of the rows the batches of ``window`` look up, per table; tables
         read by the same input (a DeepFM's embedding and linear terms) share one computation."""
-        out: dict[int, np.ndarray] = {}
-        done: dict[tuple, np.ndarray] = {}
-        for t in self.tables:
-            key = _input_of(t)
-            if key not in done:
-                ids = [t.ids(b[0]) for b in window]
-                done[key] = _wire_ids(unique_ids(np.concatenate(ids) if ids else np.zeros(0, np.int64), t.rows), t.rows)
-            out[t.index] = done[key]
+        done = {key: self._unique(t, [t.ids(b[0]) for b in window]) for key, t in self._readers.items()}
+        self._window = list(window)
+        return {t.index: done[_input_of(t)] for t in self.tables}
+
+    @staticmethod
+    def _unique(t: SparseTable, ids: list[np.ndarray]) -> np.ndarray:
+        return _wire_ids(unique_ids(np.concatenate(ids) if ids else np.zeros(0, np.int64), t.rows), t.rows)
+
+    def _touched_ids(self) -> dict[tuple, np.ndarray]:
+        """The rows looked up since the last push, per input (and the tracking reset)."""
+        if self._pulled is not None:
+            seen, self._seen = self._seen, []
+            if len(seen) == len(self._window) and all(a is b for a, b in zip(seen, self._window)):
+                self.reused += 1  # the pulled window's very batches were trained: its rows
+                return self._pulled
+            return {key: self._unique(t, [t.ids(b[0]) for b in seen]) for key, t in self._readers.items()}
+        out = {}
+        for key, t in self._readers.items():
+            mask = self._touched[key]
+            out[key] = _wire_ids(np.flatnonzero(mask), t.rows)
+            mask[:] = False
         return out
 
     # -- pushing and receiving -------------------------------------------------------------
     def delta(self, scale: float) -> list[Any]:
         """Deltas since the last receive: dense arrays whole, tables as the touched rows only."""
         out: list[Any] = [None] * len(self._weights)
-        touched = []
-        for t in self.tables:
-            mask = self._touched[t.index]
-            touched.append(_wire_ids(np.flatnonzero(mask), t.rows))
-            mask[:] = False
-        if self._io is not None:  # one compiled call reads every dense weight (one flat vector) and the touched rows
-            flat, rows_now = self._io.read(touched)
+        by_input = self._touched_ids()
+        touched = [by_input[_input_of(t)] for t in self.tables]
+        if self._io is not None:  # one compiled call: every dense weight (one flat vector) and the touched rows' deltas
+            flat, rows = self._io.read(touched, scale)
             flat = np.subtract(flat, self._dense_base)
             if scale != 1.0:
                 flat *= scale
             for i, d in zip(self._dense, self._io.unflatten(flat)):
                 out[i] = d
         else:
-            rows_now = [_gather(self._vars[t.index], ids) for t, ids in zip(self.tables, touched)]
+            rows = []
+            for t, ids in zip(self.tables, touched):
+                r = _gather(self._vars[t.index], ids) - self._base[t.index][ids]
+                if scale != 1.0:
+                    r *= scale
+                rows.append(r)
             for i, base in zip(self._dense, self._dense_base):
                 local = np.asarray(self._weights[i].numpy())
                 out[i] = np.subtract(local, base, dtype=local.dtype)
                 if scale != 1.0:
                     out[i] *= scale
-        for t, ids, now in zip(self.tables, touched, rows_now):
-            rows = now - self._base[t.index][ids]
-            if scale != 1.0:
-                rows *= scale
-            out[t.index] = SparseRows(ids, rows)
+        for t, ids, r in zip(self.tables, touched, rows):
+            out[t.index] = SparseRows(ids, r)
         return out
 
     def receive(self, arrays: Sequence[np.ndarray], want: dict[int, np.ndarray] | None) -> None:
@@ -185,20 +218,26 @@ class TableSync:
         if eager:
             assign([self._weights[i] for i in eager], [arrays[i] for i in eager], "the server's reply")
         for t in self.tables:
+            if want is not None and arrays[t.index].shape[0] != len(want[t.index]):
+                raise ValueError(f"server sent {arrays[t.index].shape[0]} rows of table {t.name!r}, "
+                                 f"{len(want[t.index])} were asked for")
+        self._pulled = None if want is None else {_input_of(t): want[t.index] for t in self.tables}
+        self._seen = []
+        if self._io is not None:
+            if compiled:
+                self._io.write(self._dense_base,
+                               [_wire_ids(np.asarray(want[t.index]), t.rows) for t in self.tables] if want is not None else [],
+                               [arrays[t.index] for t in self.tables] if want is not None else [])
+            elif self.tables:  # whole tables assigned above: they are the bases
+                self._io.rebase()
+            return
+        for t in self.tables:
             got = arrays[t.index]
             if want is None:
                 self._base[t.index][...] = got
                 continue
-            ids = want[t.index]
-            if got.shape[0] != len(ids):
-                raise ValueError(f"server sent {got.shape[0]} rows of table {t.name!r}, {len(ids)} were asked for")
-            if not compiled:
-                _scatter(self._vars[t.index], ids, got)
-            self._base[t.index][ids] = got
-        if compiled:
-            self._io.write(self._dense_base,
-                           [_wire_ids(np.asarray(want[t.index]), t.rows) for t in self.tables] if want is not None else [],
-                           [arrays[t.index] for t in self.tables] if want is not None else [])
+            _scatter(self._vars[t.index], want[t.index], got)
+            self._base[t.index][want[t.index]] = got
 
 
 def _gather(var: Any, ids: np.ndarray) -> np.ndarray:
