@@ -221,6 +221,7 @@ def test_gpu_check_runs_the_executor_pass_on_the_cpu(tmp_path):
     assert set(r["placement"]) == {"cpu:0"}
     assert r["cpu_equality"]["max_abs_diff"] == 0.0  # the same device twice
     assert r["push"]["server_updates"] > 0 and r["push"]["tables"] == ["field_embedding", "linear_embedding"]
+    assert r["push"]["reused"] == 4 and r["push"]["push_d2h_seconds"] > 0, r["push"]  # the window's pulled rows, pushed
     # the fused vector: every trainable weight plus the rank's weight
     assert r["fused"]["256"]["vector_bytes"] % 4 == 0 and r["fused"]["256"]["gradients_seconds"] > 0
     # with the tables' gradients as rows: both tables, at most a batch's 256 x 26 lookups each, far fewer bytes
