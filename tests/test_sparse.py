@@ -303,6 +303,22 @@ def test_a_push_after_the_window_it_pulled_sends_that_windows_rows_without_findi
         assert any(d[0][0] != p[0] for d, p in zip(runs[True]["deltas"], runs[True]["pulled"]))
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_reply_with_other_rows_than_asked_is_refused_before_anything_is_assigned(compiled):
+    import push_rounds
+
+    m = push_rounds.model()
+    tables = find_tables(m)
+    sync = TableSync(m, tables, compiled=compiled)
+    before = [np.array(w.numpy()) for w in m.weights]
+    want = {t.index: np.array([1, 2, 3], np.int32) for t in tables}
+    reply = [a + 1.0 if i not in want else (a + 1.0)[:2] for i, a in enumerate(before)]  # 2 rows for 3 ids
+    with pytest.raises(ValueError, match="server sent 2 rows of table 'embed', 3 were asked for"):
+        sync.receive(reply, want)
+    for w, b in zip(m.weights, before):
+        np.testing.assert_array_equal(w.numpy(), b)
+
+
 def test_jax_pushes_pad_their_ids_to_a_few_sizes():
     """A compiled gather or scatter is one executable per shape: ids padded to at most four sizes per
     power of two, at most 25% more."""

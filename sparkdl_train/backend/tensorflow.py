@@ -298,7 +298,8 @@ class VariableIO(FlatLayout):
     live beside the tables as variables on the same device, so a push's rows are gathered and
     subtracted, and a reply's rows written into the table and its base, without leaving compiled
     code (on the host, numpy's fancy indexing of the bases cost the CTR model's push about 6 ms
-    of its 19). Eager, a push cost one op dispatch per variable and per table (about 5 ms per
+    of its 19); they take the tables' size again on that device, for as long as the worker keeps
+    the model (the host copies they replace lasted a task). Eager, a push cost one op dispatch per variable and per table (about 5 ms per
     push for the CTR model, against 8 ms of compute per step). The dense weights cross as one flat
     vector, so a call converts one array, not one per weight (each conversion costs Python
     0.06 ms). Built once per model and per split of its weights (the worker keeps the model

@@ -204,6 +204,10 @@ class TableSync:
 
     def receive(self, arrays: Sequence[np.ndarray], want: dict[int, np.ndarray] | None) -> None:
         """Adopt the server's reply: dense weights whole, tables whole (``want`` None) or the wanted rows."""
+        for t in self.tables:  # before anything is assigned
+            if want is not None and arrays[t.index].shape[0] != len(want[t.index]):
+                raise ValueError(f"server sent {arrays[t.index].shape[0]} rows of table {t.name!r}, "
+                                 f"{len(want[t.index])} were asked for")
         if self._io is not None:  # the dense weights as one flat vector: the base of the next delta
             self._dense_base = self._io.flat_view([arrays[i] for i in self._dense])
         else:
@@ -217,10 +221,6 @@ class TableSync:
         eager += [t.index for t in self.tables if want is None]
         if eager:
             assign([self._weights[i] for i in eager], [arrays[i] for i in eager], "the server's reply")
-        for t in self.tables:
-            if want is not None and arrays[t.index].shape[0] != len(want[t.index]):
-                raise ValueError(f"server sent {arrays[t.index].shape[0]} rows of table {t.name!r}, "
-                                 f"{len(want[t.index])} were asked for")
         self._pulled = None if want is None else {_input_of(t): want[t.index] for t in self.tables}
         self._seen = []
         if self._io is not None:
