@@ -497,8 +497,7 @@ class VariableIO(FlatLayout):
         # measured slower there: bench/ps_push.py, 25-27 ms against 38-41 ms a push of 1M-row tables)
         self._write = jax.jit(write, donate_argnums=(0, 1) if _donate() else ())
         self._copy = jax.jit(lambda xs: [jnp.copy(x) for x in xs])
-        self._bases: list[Any] = []
-        self.rebase()
+        self._bases: list[Any] = []  # set by rebase(), which a TableSync calls before its first push
 
     @classmethod
     def of(cls, model: Any, dense: list[int], tables: list[int]) -> "VariableIO | None":
