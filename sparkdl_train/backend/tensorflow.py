@@ -317,7 +317,7 @@ class VariableIO(FlatLayout):
         for t in tables:  # the delta bases, on the tables' devices
             with tf.device(t.device):
                 bases.append(tf.Variable(tf.zeros(t.shape, t.dtype), trainable=False))
-        self._tables, self._bases = tables, bases
+        self._bases = bases  # (the compiled calls hold them too)
 
         def read(ids, scale):
             flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in dense], 0) if dense else tf.zeros([0], dtype)
