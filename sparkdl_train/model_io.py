@@ -13,12 +13,18 @@ is ``model.metrics_variables``. Both are exchanged as plain numpy arrays.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 import io
 import json
 import logging
 import os
+import sys
+import sysconfig
 import tempfile
+import threading
+import types
 import zipfile
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +33,7 @@ import numpy as np
 
 from . import backend
 from .errors import ModelError
+from .roles import Role, exchanged, role
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +51,31 @@ class ModelPayload:
     custom_objects_blob: bytes = b""
     safe_mode: bool = True
     digest: str = ""  # architecture + compile config, not weights: executors cache by it
+    # a function that builds the compiled model (``SparkModel(build_model)``), by value; executors call it
+    # instead of reading ``archive`` (empty then)
+    builder_blob: bytes = b""
+    # a few rows of features (by value) that build a model that builds on its first batch (subclassed, no Input)
+    build_batch_blob: bytes = b""
 
     @classmethod
     def create(cls, archive: bytes, custom_objects: dict[str, Any] | None = None, safe_mode: bool = True) -> "ModelPayload":
         objs = dict(custom_objects or {})
-        blob = _cloudpickle().dumps(objs) if objs else b""
+        blob = dumps_by_value(objs) if objs else b""
         return cls(archive=archive, custom_objects_blob=blob, safe_mode=safe_mode, digest=architecture_digest(archive, blob))
+
+    @classmethod
+    def from_builder(cls, builder: Any, custom_objects: dict[str, Any] | None = None, build_batch: Any = None) -> "ModelPayload":
+        blob = dumps_by_value(builder)
+        objs = dumps_by_value(dict(custom_objects)) if custom_objects else b""
+        batch = dumps_by_value(build_batch) if build_batch is not None else b""
+        digest = hashlib.sha256(b"builder" + hashlib.sha256(blob).digest() + hashlib.sha256(objs + batch).digest()).hexdigest()[:16]
+        return cls(archive=b"", custom_objects_blob=objs, digest=digest, builder_blob=blob, build_batch_blob=batch)
 
     def custom_objects(self) -> dict[str, Any]:
         return _cloudpickle().loads(self.custom_objects_blob) if self.custom_objects_blob else {}
+
+    def build_batch(self) -> Any:
+        return _cloudpickle().loads(self.build_batch_blob) if self.build_batch_blob else None
 
 
 def _cloudpickle():
@@ -61,6 +84,86 @@ def _cloudpickle():
     except ImportError:  # pragma: no cover - pyspark is a dependency
         import cloudpickle
     return cloudpickle
+
+
+# modules pickled by reference (executors have them): the standard library, installed packages, sparkdl_train
+_INSTALLED = tuple({p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")) if p})
+
+
+def _local_module(name: str) -> bool:
+    """Whether module ``name`` is the user's own code (a file beside a notebook or job, not an
+    installed package), which executors may not be able to import."""
+    if not name or name == "__main__" or name.split(".")[0] in ("sparkdl_train", "keras", "tensorflow", "jax", "numpy"):
+        return False  # __main__ already goes by value
+    mod = sys.modules.get(name)
+    path = getattr(mod, "__file__", None)
+    if mod is None or not path:
+        return False
+    path = os.path.realpath(path)
+    return not any(path.startswith(os.path.realpath(p) + os.sep) for p in _INSTALLED) and "site-packages" not in path
+
+
+_BY_VALUE_LOCK = threading.Lock()
+
+
+def dumps_by_value(obj: Any) -> bytes:
+    """cloudpickle bytes of ``obj``, with the classes and functions of the user's own modules (and
+    ``__main__``'s, a notebook's) pickled by value: executors need not import them. Made on the
+    driver; travels in a broadcast or task closure (Spark's channels), never over sparkdl_train's
+    sockets, which refuse pickle."""
+    cp = _cloudpickle()
+    modules = sorted({m for m in _referenced_modules(obj) if _local_module(m)})
+    with _BY_VALUE_LOCK:  # cloudpickle's registry is process-wide: two fits serializing at once share it
+        registered = []
+        # the user's own registrations stay (the registry lives in the module that defines the function)
+        already = set(getattr(sys.modules[cp.register_pickle_by_value.__module__], "_PICKLE_BY_VALUE_MODULES", ()))
+        for name in modules:
+            if name in already:
+                continue
+            try:
+                cp.register_pickle_by_value(sys.modules[name])
+            except ValueError:  # not a module cloudpickle takes by value: it goes by reference, as before
+                continue
+            registered.append(name)
+        try:
+            return cp.dumps(obj)
+        finally:
+            for name in registered:
+                with contextlib.suppress(ValueError):
+                    cp.unregister_pickle_by_value(sys.modules[name])
+
+
+def _referenced_modules(obj: Any, depth: int = 0) -> set[str]:
+    """Modules of the classes and functions in ``obj`` (a callable, a class, or dicts/lists of them)
+    and, for a function, of the globals and closure cells it uses."""
+    out: set[str] = set()
+    if depth > 3:
+        return out
+    if isinstance(obj, dict):
+        for v in obj.values():
+            out |= _referenced_modules(v, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            out |= _referenced_modules(v, depth + 1)
+    elif isinstance(obj, type):
+        out |= {c.__module__ for c in obj.__mro__ if c.__module__ not in ("builtins",)}
+    elif isinstance(obj, types.FunctionType):
+        out.add(obj.__module__)
+        code_names = set(obj.__code__.co_names)
+        for k in code_names & set(obj.__globals__):
+            v = obj.__globals__[k]
+            if isinstance(v, (type, types.FunctionType)):
+                out |= _referenced_modules(v, depth + 1)
+            elif isinstance(v, types.ModuleType):
+                out.add(v.__name__)
+        for cell in obj.__closure__ or ():
+            try:
+                out |= _referenced_modules(cell.cell_contents, depth + 1)
+            except ValueError:  # an empty cell
+                pass
+    elif obj is not None and not isinstance(obj, (str, bytes, int, float, bool, np.ndarray)):
+        out.add(type(obj).__module__)
+    return out
 
 
 def architecture_digest(archive: bytes, custom_objects_blob: bytes = b"") -> str:
@@ -193,7 +296,9 @@ def _keras():
     return keras
 
 
-def check_compiled(model: Any) -> None:
+def check_compiled(model: Any, built: bool = True) -> None:
+    """A compiled ``keras.Model`` (and built, unless ``built`` is False: a model that builds on its first
+    batch, as ``model.fit`` builds it, is built by :func:`build_from_batch` before it is shipped)."""
     keras = _keras()
     if not isinstance(model, keras.Model):
         raise ModelError(f"expected a keras.Model, got {type(model).__name__}")
@@ -208,11 +313,26 @@ def check_compiled(model: Any) -> None:
             f"model {model.name!r} was compiled with loss_weights={list(weights)!r}: names of metrics? Keras 3's third "
             "positional compile argument is loss_weights (Keras 2's was metrics); compile with metrics=[...]"
         )
-    if not model.built:
+    if built and not model.built:
         raise ModelError(
             f"model {model.name!r} is not built: give it an Input layer, or call model.build(input_shape) "
             "(or run it once on data) before handing it to SparkModel"
         )
+
+
+def build_from_batch(model: Any, x: Any) -> None:
+    """Build a model that builds on its first batch (a subclassed model without ``Input``), as
+    ``model.fit`` does, by running it on the features ``x`` of a few rows (inference mode: no
+    statistic moves). A model already built is left as it is."""
+    if model.built:
+        return
+    try:
+        model(x, training=False)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelError(f"model {model.name!r} is not built and could not be built by running it on a batch of the data: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    if not model.built:
+        model.built = True  # called successfully: every layer it uses was built by the call
 
 
 def ensure_optimizer_built(model: Any) -> None:
@@ -252,34 +372,197 @@ def load_model_bytes(archive: bytes, custom_objects: dict[str, Any] | None = Non
 
 
 def load_archive(payload: ModelPayload) -> Any:
-    model = load_model_bytes(payload.archive, payload.custom_objects(), payload.safe_mode)
+    """The compiled model a payload describes: its builder's (``SparkModel(build_model)``), built on the
+    payload's rows if it builds on its first batch, or the archive's."""
+    if payload.builder_blob:
+        model = build_with(_cloudpickle().loads(payload.builder_blob), payload.build_batch())
+    else:
+        model = load_model_bytes(payload.archive, payload.custom_objects(), payload.safe_mode)
     if model.optimizer is None:
         raise ModelError("the rebuilt model has no optimizer (was it compiled before saving?)")
     ensure_optimizer_built(model)
     return model
 
 
+def build_with(builder: Any, build_batch: Any = None) -> Any:
+    """``builder()``: a compiled model (built on ``build_batch``'s features when it builds on its first batch)."""
+    try:
+        model = builder()
+    except Exception as exc:  # noqa: BLE001
+        raise ModelError(f"the model-building function {getattr(builder, '__name__', builder)!r} failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    check_compiled(model, built=False)
+    if not model.built and build_batch is not None:  # none: the driver's, built later on the fit's sample rows
+        build_from_batch(model, build_batch)
+    return model
+
+
+_FRAMEWORKS = ("keras", "tensorflow", "tf_keras", "jax", "numpy", "builtins", "sparkdl_train")
+
+
+def _outside_keras(obj: Any) -> bool:
+    module = getattr(obj, "__module__", "") or ""
+    return module.split(".")[0] not in _FRAMEWORKS
+
+
+def discover_custom_objects(model: Any) -> dict[str, Any]:
+    """The classes and functions outside Keras that a model's config names, keyed as Keras' config
+    names them: every layer's and nested model's class (the model's own, if subclassed), functions a
+    layer holds (an activation, ``TextVectorization``'s ``standardize`` / ``split``), and the compile
+    arguments' (losses, metrics, the optimizer, a learning-rate schedule). Shipped by value
+    (:func:`dumps_by_value`) as ``custom_objects``: executors need neither registration nor the module."""
+    keras = _keras()
+    found: dict[str, Any] = {}
+
+    def add(obj: Any, depth: int = 0) -> None:
+        if depth > 3 or obj is None:
+            return
+        if isinstance(obj, dict):
+            for v in obj.values():
+                add(v, depth + 1)
+            return
+        if isinstance(obj, (list, tuple)):
+            for v in obj:
+                add(v, depth + 1)
+            return
+        if isinstance(obj, types.FunctionType):
+            # plain functions only: a method (``NoKwargs.build``, which Keras wraps per instance) names no config entry
+            plain = "." not in obj.__qualname__.replace("<locals>.", "")
+            if _outside_keras(obj) and obj.__name__ != "<lambda>" and plain:
+                found.setdefault(obj.__name__, obj)
+            return
+        cls = obj if isinstance(obj, type) else type(obj)
+        if _outside_keras(cls) and hasattr(cls, "from_config"):
+            found.setdefault(keras.saving.get_registered_name(cls), _lenient(cls))
+        if not isinstance(obj, type) and isinstance(obj, (keras.losses.Loss, keras.metrics.Metric,
+                                                           keras.optimizers.schedules.LearningRateSchedule)):
+            for v in getattr(obj, "__dict__", {}).values():  # a LossFunctionWrapper's fn, a schedule's pieces
+                if isinstance(v, (types.FunctionType, type)):
+                    add(v, depth + 1)
+
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        add(type(layer))
+        for v in vars(layer).values():
+            if isinstance(v, (types.FunctionType, list, tuple, dict)) and not isinstance(v, keras.layers.Layer):
+                add(v, 1)
+            elif isinstance(v, (keras.losses.Loss, keras.optimizers.schedules.LearningRateSchedule)):
+                add(v, 1)
+    compiled = getattr(model, "_compile_config", None)  # compile()'s own arguments (losses, metrics, optimizer)
+    if compiled is not None:
+        add(getattr(compiled, "config", None))
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        add(optimizer)
+        add(getattr(optimizer, "_learning_rate", None))
+    return found
+
+
+class LenientLayer:
+    """``custom_objects``' entry for a layer class whose ``__init__`` takes no ``**kwargs`` but whose
+    ``get_config`` extends the base layer's (``name``, ``trainable``, ``dtype``): Keras' ``from_config``
+    passes those to ``__init__`` and fails. This builds it from the keys ``__init__`` takes and sets the
+    others after, as the base layer would have. Shipped by value with the class."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.__name__ = cls.__name__
+
+    def from_config(self, config: dict[str, Any]) -> Any:
+        params = inspect.signature(self.cls.__init__).parameters
+        obj = self.cls(**{k: v for k, v in config.items() if k in params})
+        if "name" in config and "name" not in params:
+            obj.name = config["name"]
+        if "trainable" in config and "trainable" not in params:
+            obj.trainable = config["trainable"]
+        if config.get("dtype") is not None and "dtype" not in params:
+            obj.dtype_policy = _keras().dtype_policies.get(config["dtype"])
+        return obj
+
+
+def _lenient(cls: type) -> Any:
+    """``cls``, or a :class:`LenientLayer` for a layer class whose ``__init__`` takes no ``**kwargs`` and keeps
+    Keras' own ``from_config`` (which passes the base layer's keys to ``__init__``)."""
+    keras = _keras()
+    if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)) or issubclass(cls, keras.Model):
+        return cls
+    if getattr(cls.from_config, "__func__", None) is not getattr(keras.layers.Layer.from_config, "__func__", None):
+        return cls  # its own from_config knows what it wants
+    try:
+        params = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return cls
+    return cls if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params) else LenientLayer(cls)
+
+
+def _failing_layer(model: Any, custom_objects: dict[str, Any], safe_mode: bool) -> str | None:
+    """Which layer's config does not rebuild it (the innermost one), and why, or ``None``."""
+    keras = _keras()
+    layers = list(model._flatten_layers(include_self=True, recursive=True))
+    for layer in reversed(layers):  # pre-order reversed: a layer's sublayers come before it
+        try:
+            config = keras.saving.serialize_keras_object(layer)
+            keras.saving.deserialize_keras_object(config, custom_objects=custom_objects, safe_mode=safe_mode)
+        except Exception as exc:  # noqa: BLE001
+            cls = type(layer)
+            why = " ".join(str(exc).split())
+            why = why if len(why) <= 240 else why[:240] + "..."
+            return (f"layer {layer.name!r} (class {cls.__name__} from {cls.__module__}) cannot be rebuilt from its config: "
+                    f"{type(exc).__name__}: {why}")
+    return None
+
+
+def _unshippable(model: Any, what: str, exc: Exception, custom_objects: dict[str, Any], safe_mode: bool) -> ModelError:
+    where = _failing_layer(model, custom_objects, safe_mode)
+    detail = where or f"{type(exc).__name__}: {exc}"
+    return ModelError(
+        f"model {model.name!r} {what}, so executors could not rebuild it: {detail}\n"
+        "Either give that class a get_config() returning its __init__ arguments (and accept **kwargs in __init__), or "
+        "hand SparkModel a function that builds and compiles the model instead of the model: SparkModel(build_model, ...) "
+        "(executors call it, shipped by value with the classes it uses; the driver's weights are loaded into what it builds)."
+    )
+
+
+def serialize_builder(builder: Any, model: Any, custom_objects: dict[str, Any] | None = None, build_batch: Any = None) -> ModelPayload:
+    """The payload of ``SparkModel(build_model)``: the function by value; proven on the driver (once per
+    function) to build a model with ``model``'s variables, so executors build the same layout."""
+    ensure_optimizer_built(model)
+    payload = ModelPayload.from_builder(builder, custom_objects, build_batch)
+    if (payload.digest, True) in _rebuilt:
+        return payload
+    try:
+        clone = load_archive(payload)
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise ModelError(f"the model-building function cannot be shipped: {type(exc).__name__}: {exc}") from exc
+    _check_same_layout(model, clone, compare_values=False, how="built again by the model-building function")
+    _rebuilt.add((payload.digest, True))
+    return payload
+
+
 def serialize_model(model: Any, custom_objects: dict[str, Any] | None = None, safe_mode: bool = True) -> ModelPayload:
     """Serialize on the driver and prove it can be rebuilt (once per architecture and process),
-    or raise :class:`ModelError`."""
+    or raise :class:`ModelError` naming the layer that cannot be. The model's own classes and
+    functions outside Keras (:func:`discover_custom_objects`) travel by value with it."""
     check_compiled(model)
     ensure_optimizer_built(model)
+    objs = {**discover_custom_objects(model), **(custom_objects or {})}
     try:
         archive = save_archive(model)
     except Exception as exc:  # noqa: BLE001 - report any save failure uniformly
-        raise ModelError(f"model {model.name!r} cannot be serialized: {type(exc).__name__}: {exc}") from exc
-    objs = {**_referenced_custom_objects(archive), **(custom_objects or {})}
+        raise _unshippable(model, "cannot be serialized", exc, objs, safe_mode) from exc
+    objs = {**_referenced_custom_objects(archive), **objs}
     payload = ModelPayload.create(archive, objs, safe_mode)
     if (payload.digest, safe_mode) in _rebuilt:  # this architecture was rebuilt here before: it can be
         return payload
     try:
         clone = load_archive(payload)
     except Exception as exc:  # noqa: BLE001
+        if not safe_mode or "safe_mode" not in str(exc):
+            raise _unshippable(model, "was saved but cannot be rebuilt from its config", exc, objs, safe_mode) from exc
         raise ModelError(
             f"model {model.name!r} was saved but cannot be rebuilt from its config, so executors could not "
-            f"load it: {type(exc).__name__}: {exc}\nPass the custom layers/losses/metrics it uses as "
-            "SparkModel(..., custom_objects={'Name': Class}) or register them with "
-            "@keras.saving.register_keras_serializable(); for Lambda layers pass safe_mode=False."
+            f"load it: {type(exc).__name__}: {exc}\nFor Lambda layers pass safe_mode=False (their code is shipped by value)."
         ) from exc
     _check_same_layout(model, clone)
     if len(_rebuilt) >= _MAX_REBUILT:
@@ -296,14 +579,17 @@ _rebuilt: set[tuple[str, bool]] = set()
 _MAX_REBUILT = 64
 
 
-def _check_same_layout(model: Any, clone: Any) -> None:
+def _check_same_layout(model: Any, clone: Any, compare_values: bool = True, how: str = "rebuilt from its config") -> None:
     a = [tuple(v.shape) for v in state_variables(model)]
     b = [tuple(v.shape) for v in state_variables(clone)]
     if a != b:
         raise ModelError(
-            f"model {model.name!r} rebuilt from its config has a different set of variables "
-            f"({len(b)} vs {len(a)}); does a custom layer's get_config()/build() lose information?"
+            f"model {model.name!r} {how} has a different set of variables "
+            f"({len(b)} vs {len(a)}); does a custom layer's get_config()/build() lose information, or does the "
+            "model-building function build another model?"
         )
+    if not compare_values:
+        return
     for i, (va, vb) in enumerate(zip(model.weights, clone.weights)):
         if not np.array_equal(np.asarray(va), np.asarray(vb)):
             raise ModelError(f"weight {va.path!r} differs after a save/load round trip")
@@ -313,6 +599,17 @@ def _check_same_layout(model: Any, clone: Any) -> None:
 
 def state_variables(model: Any) -> list:
     return [*model.weights, *model.optimizer.variables]
+
+
+def variable_roles(variables: Any) -> list[Role]:
+    """Each variable's :class:`~sparkdl_train.roles.Role` (weight, statistic, discrete, random)."""
+    return [role(v.dtype, bool(getattr(v, "trainable", False)), getattr(v, "path", "") or "") for v in variables]
+
+
+def exchanged_positions(model: Any) -> list[int]:
+    """Positions in ``model.weights`` whose values engines add and average (floating weights and
+    statistics); the others (integer and boolean state) keep the driver's value on every worker."""
+    return exchanged(variable_roles(model.weights))
 
 
 def get_state(model: Any) -> list[np.ndarray]:

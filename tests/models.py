@@ -58,6 +58,26 @@ def subclassed(seed=0, features=8):
     return model
 
 
+class Unconfigured(keras.Model):
+    """A subclassed model as guides write them: no get_config, so Keras cannot rebuild it from its config."""
+
+    def __init__(self, units):
+        super().__init__()
+        self.hidden = keras.layers.Dense(units, activation="relu")
+        self.out = keras.layers.Dense(1, activation="sigmoid")
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+def unshippable(seed=0, features=8):
+    keras.utils.set_random_seed(seed)
+    model = Unconfigured(16)
+    model.compile(keras.optimizers.Adam(0.01), loss="binary_crossentropy", metrics=["accuracy"])
+    model.build((None, features))
+    return model
+
+
 def two_input(seed=0, dense=3, vocab=20, cat_width=2):
     keras.utils.set_random_seed(seed)
     d = keras.Input((dense,), name="numeric")

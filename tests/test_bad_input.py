@@ -46,9 +46,13 @@ def frame(spark, rows):
     return spark.createDataFrame(rows, "features array<double>, label long")
 
 
-class Unregistered(keras.layers.Layer):  # deliberately not registered, not in custom_objects
+class Unshippable(keras.layers.Layer):  # an object argument and no get_config: Keras cannot rebuild it from its config
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
     def call(self, x):
-        return x * 2.0
+        return self.fn(x)
 
 
 class FakeSC:
@@ -161,20 +165,20 @@ def _dynamic_allocation_with_barrier(spark, df):
     check_barrier_launch(FakeSC(), 2, 1.0)
 
 
-def _missing_custom_object(spark, df):
+def _unshippable_layer(spark, df):
     inp = keras.Input((4,), name="features")
-    out = keras.layers.Dense(2, activation="softmax")(Unregistered()(inp))
+    out = keras.layers.Dense(2, activation="softmax")(Unshippable(keras.ops.relu)(inp))
     model = keras.Model(inp, out)
     model.compile("adam", "sparse_categorical_crossentropy")
     SparkModel(model).fit(df, verbose=0)
 
 
-def _missing_custom_object_rdd(spark, df):
+def _unshippable_layer_rdd(spark, df):
     """An RDD's sample job (its Python reads a partition: here slowly) starts only once the model
     is shipped: an unshippable model fails at once, with no job left behind."""
     slow = spark.sparkContext.parallelize(range(2), 2).map(lambda i: (time.sleep(20) or np.zeros(4, np.float32), np.float32(0)))
     inp = keras.Input((4,), name="features")
-    model = keras.Model(inp, keras.layers.Dense(2, activation="softmax")(Unregistered()(inp)))
+    model = keras.Model(inp, keras.layers.Dense(2, activation="softmax")(Unshippable(keras.ops.relu)(inp)))
     model.compile("adam", "sparse_categorical_crossentropy")
     SparkModel(model).fit(slow, verbose=0)
 
@@ -317,8 +321,8 @@ CASES = [
     ("allreduce ranks > slots", _allreduce_more_ranks_than_slots, ConfigError, ["5 task slots", "offers 2"]),
     ("sync PS workers > slots", _sync_ps_more_workers_than_slots, ConfigError, ["5 workers", "offers 2"]),
     ("dynamic allocation with barrier mode", _dynamic_allocation_with_barrier, ConfigError, ["dynamicAllocation"]),
-    ("custom layer missing from custom_objects", _missing_custom_object, ModelError, ["Unregistered", "custom_objects"]),
-    ("custom layer missing, RDD data", _missing_custom_object_rdd, ModelError, ["Unregistered", "custom_objects"]),
+    ("custom layer Keras cannot rebuild", _unshippable_layer, ModelError, ["class Unshippable", "get_config", "SparkModel(build_model"]),
+    ("custom layer Keras cannot rebuild, RDD data", _unshippable_layer_rdd, ModelError, ["class Unshippable", "SparkModel(build_model"]),
     ("unbindable driver host", _unbindable_driver_host, ConfigError, ["203.0.113.9", "spark.driver.host"]),
     ("unknown driver host", _unknown_driver_host, ConfigError, ["no-such-host.invalid"]),
     ("wrong secret", _wrong_secret, (net.AuthError, ConnectionError), ["authentication"]),

@@ -9,6 +9,7 @@ from helpers import make_mlp
 
 from sparkdl_train import DataError, SparkModel, WorkerError, to_simple_rdd
 from sparkdl_train.data.adapters import ArrayAdapter
+from sparkdl_train.errors import ModelError
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -247,11 +248,11 @@ def test_ragged_array_on_an_executor_fails_fast_naming_the_column(spark, mlp):
 
 def test_unserializable_model_fails_before_any_spark_job(sc, digits):
     x, y, _, _ = digits
-    model = models.subclassed()  # needs custom objects that are not passed
+    model = models.unshippable()  # a subclassed model without get_config: Keras cannot rebuild it from its config
     rdd = to_simple_rdd(sc, x[:, :8], (y > 4).astype("float32"))
     sc.setJobGroup("sdt-unserializable", "should stay empty")
     try:
-        with pytest.raises(Exception, match="custom_objects"):
+        with pytest.raises(ModelError, match=r"(?s)cannot be rebuilt from its config.*SparkModel\(build_model"):
             SparkModel(model).fit(rdd, epochs=1, verbose=0)
         assert list(sc.statusTracker().getJobIdsForGroup("sdt-unserializable")) == []
     finally:

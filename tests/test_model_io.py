@@ -59,10 +59,16 @@ def test_registered_custom_objects_are_found_without_custom_objects():
     load_archive(payload)
 
 
-def test_missing_custom_object_fails_on_driver_with_a_hint():
+def test_unregistered_custom_objects_found_and_shipped_by_value():
+    """A subclassed model, its class and its loss function neither registered nor passed: found in the
+    model (discover_custom_objects) and shipped by value; the rebuilt model computes the same."""
     model = models.subclassed()
-    with pytest.raises(ModelError, match="custom_objects"):
-        serialize_model(model)
+    payload = serialize_model(model)
+    objs = payload.custom_objects()
+    assert {"Tower", "weighted_bce"} <= set(objs)
+    clone = load_archive(payload)
+    x = np.random.default_rng(0).normal(size=(4, 8)).astype("float32")
+    np.testing.assert_allclose(clone.predict_on_batch(x), model.predict_on_batch(x), rtol=1e-6)
 
 
 def test_uncompiled_and_unbuilt_models_are_rejected():

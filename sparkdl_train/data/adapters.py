@@ -309,7 +309,8 @@ def check_schema(schema: Any, mapping: ColumnMapping) -> None:
             return numeric(dt.elementType)
         return getattr(dt, "typeName", lambda: "")() == "vector" or type(dt).__name__ == "VectorUDT"
 
-    for spec in (*mapping.inputs, mapping.label, mapping.sample_weight):
+    labels = getattr(mapping.label, "specs", (mapping.label,))  # a label per output (LabelsPerOutput), or one
+    for spec in (*mapping.inputs, *labels, mapping.sample_weight):
         if spec is None:
             continue
         for col in spec.columns:

@@ -138,6 +138,33 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class LabelsPerOutput:
+    """Labels of a model with several outputs: ``label_col={"output name": column(s), ...}`` gives ``y`` as a
+    dict keyed by output name, as ``model.fit`` takes it (each output's loss and metrics get their labels)."""
+
+    specs: tuple[TensorSpec, ...]
+    name: str = "label"
+    dtype: str = "float32"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(_unique(c for spec in self.specs for c in spec.columns))
+
+    def describe(self) -> str:
+        return "labels " + ", ".join(spec.describe() for spec in self.specs)
+
+    def from_arrow(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
+        return {spec.name: spec.from_arrow(rb) for spec in self.specs}
+
+    def from_columns(self, get: Callable[[str], Any], n: int, where: str) -> dict[str, np.ndarray]:
+        return {spec.name: spec.from_columns(get, n, where) for spec in self.specs}
+
+    def empty(self, shapes: "dict[str, tuple[int, ...] | None]") -> dict[str, np.ndarray] | None:
+        parts = {spec.name: spec.empty(shapes) for spec in self.specs}
+        return None if any(p is None for p in parts.values()) else parts
+
+
+@dataclass(frozen=True)
 class ColumnMapping:
     """Which columns make which tensors; with a ``transform``, the names are the transform's
     output keys (falling back to the DataFrame's columns) and ``source`` lists the DataFrame
@@ -145,7 +172,7 @@ class ColumnMapping:
 
     inputs: tuple[TensorSpec, ...]
     structure: str  # "single" | "list" | "dict"
-    label: TensorSpec | None = None
+    label: TensorSpec | LabelsPerOutput | None = None
     sample_weight: TensorSpec | None = None
     transform: BatchTransform | None = None
     source: tuple[str, ...] = ()
@@ -301,7 +328,12 @@ def resolve_columns(
     if with_labels:
         if label_col is None:
             raise DataError("label_col is required to train or evaluate on a DataFrame")
-        label = TensorSpec("label", _as_columns(label_col, "label_col"))
+        if isinstance(label_col, dict):  # one label per named output
+            if not label_col or not all(isinstance(k, str) for k in label_col):
+                raise DataError(f"label_col as a dict maps output names to columns, got {label_col!r}")
+            label = LabelsPerOutput(tuple(TensorSpec(k, _as_columns(v, f"label_col[{k!r}]")) for k, v in label_col.items()))
+        else:
+            label = TensorSpec("label", _as_columns(label_col, "label_col"))
         if sample_weight_col is not None:
             sample_weight = TensorSpec("sample_weight", _as_columns(sample_weight_col, "sample_weight_col"))
     return ColumnMapping(specs, structure, label, sample_weight)

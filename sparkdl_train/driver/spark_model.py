@@ -17,14 +17,15 @@ from ..data.adapters import DataAdapter, DataFrameAdapter, is_dataframe, is_rdd
 from ..data.batching import Batch, row_signature
 from ..data.output import output_columns
 from ..data.transform import BatchTransform
-from ..errors import ConfigError, DataError
-from ..model_io import ModelPayload, check_compiled, serialize_model
+from ..errors import ConfigError, DataError, ModelError
+from ..model_io import ModelPayload, build_from_batch, build_with, check_compiled, serialize_builder, serialize_model
 from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
 from . import warm_up
 from .backend_env import executor_backend
 from .background import SparkCall
 from .connect import active_connect_session, check_reachable, context_of, is_connect, unreachable_error
+from .efficiency import few_steps_advice
 from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs, use_tls
 from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
@@ -50,8 +51,13 @@ class SparkModel:
     ``evaluate`` / ``predict``, before any Spark job.
 
     Args:
-        model: a compiled, built ``keras.Model`` (Sequential, functional or subclassed).
-        custom_objects: custom layers/losses/metrics the model uses.
+        model: a compiled ``keras.Model`` (Sequential, functional or subclassed; one that builds on its
+            first batch is built on a few rows of the data, as ``model.fit`` builds it), or a function
+            that builds and compiles one (``SparkModel(build_model)``): executors then call the function,
+            shipped by value, instead of rebuilding the model from its config, so layers without a
+            ``get_config`` train unchanged. Classes and functions the model uses that Keras does not
+            know travel by value either way (docs/models.md).
+        custom_objects: custom layers/losses/metrics the model uses (found by themselves in most cases).
 {settings}
 
     Settings left at ``None`` come from their ``spark.sparkdl_train.*`` key, else their default;
@@ -94,8 +100,15 @@ class SparkModel:
         given = dict(locals())  # the parameters as passed; each one is a declared setting (config.py)
         for name in ("self", "model", "custom_objects", "settings", "__class__"):
             given.pop(name, None)
-        check_compiled(model)
+        import keras
+
+        self._builder = None
+        if callable(model) and not isinstance(model, keras.Model):
+            self._builder = model
+            model = build_with(model)  # the driver's own model (an unbuilt one is built on the fit's sample rows)
+        check_compiled(model, built=False)
         self._model = model
+        self._build_batch: Any = None  # the rows that built a model which builds on its first batch
         self._overrides = {k: v for k, v in {**given, **settings}.items() if v is not None}
         self._arguments = EngineConfig(**self._overrides)  # a bad or misplaced argument fails here, naming it
         self.custom_objects = dict(custom_objects or {})
@@ -228,7 +241,7 @@ class SparkModel:
         sample = self._start_sample(train) if train.sample_first else None
         with _cancelled_on_error(sample):
             with phases("payload"):  # a model that cannot be shipped fails here, before any job runs our code
-                payload = self._payload()
+                payload = self._payload(train, sample)
         # the executors' check (their Python workers, TensorFlow imports) runs while the driver prepares
         check = self._start_preflight(train, config)
         sample = sample or self._start_sample(train)
@@ -371,6 +384,12 @@ class SparkModel:
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
             stats.phases = ph.seconds
             self.stats.epochs.append(stats)
+            if len(self.stats.epochs) == 1 and stats.partitions:  # once per fit: few steps per worker (driver/efficiency.py)
+                trained = [i.get("batches", 0) for i in stats.partitions.values() if i.get("samples", 0) > 0]
+                advice = few_steps_advice(len(trained), sum(trained) / max(1, len(trained)), fit_cfg.batch_size, self.stats.mode)
+                if advice:
+                    self.stats.advice.append(advice)
+                    log.warning("%s", advice)
             with ph("callbacks"):
                 progress.epoch_end(epoch, logs, stats.samples, stats.seconds)
                 log.info("epoch %d/%d %s (%.0f samples/s)", epoch + 1, fit_cfg.epochs,
@@ -425,8 +444,8 @@ class SparkModel:
         FitConfig(batch_size=batch_size)
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         self._remember_transform(transform, data)
-        payload = self._payload()
         adapter, conf = self._adapter(data, labelled=True, what="data")
+        payload = self._payload(adapter)
         check = self._start_preflight(adapter, conf)
         with _preflight_first(check):
             sample = self._check_sample(adapter, "data")
@@ -466,8 +485,8 @@ class SparkModel:
         if feature_cols is not None:
             self._columns["feature_cols"] = feature_cols
         self._remember_transform(transform, data)
-        payload = self._payload()
         adapter, conf = self._adapter(data, labelled=False, what="data")
+        payload = self._payload(adapter)
         check = self._start_preflight(adapter, conf)
         with _preflight_first(check):
             sample_x = adapter.sample(_SAMPLE_ROWS)[0]
@@ -513,11 +532,23 @@ class SparkModel:
             BatchTransform(fn)
         self._transform = fn
 
-    def _payload(self) -> ModelPayload:
+    def _payload(self, adapter: DataAdapter | None = None, sample: SparkCall | None = None) -> ModelPayload:
         """The model as executors rebuild it. Built (and proven rebuildable) once per architecture,
         compile settings and optimizer config: a later fit, evaluate or predict of the same model
         ships the same archive, so reused Python workers keep their rebuilt, traced model; the
-        weights and optimizer state travel separately, every epoch."""
+        weights and optimizer state travel separately, every epoch. A model that builds on its first
+        batch is built here on the sample rows (``sample``'s, or a few read from ``adapter``)."""
+        if not self._model.built:
+            if adapter is None:
+                raise ModelError(f"model {self._model.name!r} is not built: fit it, or call model.build(input_shape)")
+            x = (sample.result() if sample is not None else adapter.sample(_SAMPLE_ROWS))[0]
+            build_from_batch(self._model, x)
+            self._build_batch = x
+        if self._builder is not None:
+            key = ("builder", id(self._builder), id(self._build_batch), tuple(sorted((k, id(v)) for k, v in self.custom_objects.items())))
+            if self._shipped is None or self._shipped[0] != key:
+                self._shipped = (key, serialize_builder(self._builder, self._model, self.custom_objects, self._build_batch))
+            return self._shipped[1]
         safe_mode = self._arguments.core.safe_mode  # an argument-only setting: no Spark conf key
         key = _shipping_key(self._model, self.custom_objects, safe_mode)
         if key is not None and self._shipped is not None and self._shipped[0] == key:
@@ -577,6 +608,14 @@ class SparkModel:
         phases = phases or Phases()
         with phases("sample"):
             x, y, w = ahead.result() if ahead is not None else adapter.sample(_SAMPLE_ROWS)
+        outputs = _output_names(self._model)
+        if y is not None and len(outputs) > 1 and not isinstance(y, (dict, list, tuple)):
+            raise DataError(
+                f"model {self._model.name!r} has {len(outputs)} outputs {outputs}, but {what}'s labels are one array "
+                f"(label_col's columns side by side): name a label per output, label_col={{{', '.join(repr(o) + ': ...' for o in outputs)}}}"
+            )
+        if isinstance(y, dict) and outputs and set(y) != set(outputs):
+            raise DataError(f"label_col names outputs {sorted(y)}, but model {self._model.name!r}'s outputs are {outputs}")
         try:
             with phases("sample_check"):
                 _test_step_eagerly(self._model, (x, y, w))
@@ -590,6 +629,16 @@ class SparkModel:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         return x, y, w
+
+
+def _output_names(model: Any) -> list[str]:
+    """The names of a functional model's outputs (one entry per output; empty when unknown)."""
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):
+        return []
+    names = getattr(model, "output_names", None)
+    return list(names) if names and len(names) == len(outputs or []) else [f"output_{i}" for i in range(len(outputs or []))]
 
 
 @dataclass

@@ -60,6 +60,8 @@ class FitStats:
     # the wait for the application's executors before planning (sparkdl_train.driver.registration):
     # executors and cores registered, seconds waited, whether all asked for were there; None on local masters
     registration: dict[str, Any] | None = None
+    # what the fit told the user once (sparkdl_train.driver.efficiency: few steps per worker on small data)
+    advice: list[str] = field(default_factory=list)
 
     def fixed_costs(self) -> dict[str, Any]:
         """Where the fixed cost of this fit went: the driver's set-up phases, the first epoch's

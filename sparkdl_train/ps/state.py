@@ -192,6 +192,10 @@ class ServerState:
         self.round_timeout = round_timeout
         self.join_timeout = join_timeout
         arrays = [np.array(w, copy=True) for w in weights]
+        for i, w in enumerate(arrays):
+            if w.dtype.kind != "f":  # sparkdl_train.roles: integer and boolean state is never merged by deltas
+                raise ValueError(f"array {i} has dtype {w.dtype}: the parameter server holds floating-point arrays only "
+                                 "(pass the model's exchanged weights, sparkdl_train.model_io.exchanged_positions)")
         self.shapes = [w.shape for w in arrays]
         self.dtypes = [w.dtype for w in arrays]
         self.nbytes = sum(w.nbytes for w in arrays)

@@ -39,6 +39,9 @@ class PSSettings:
     tables: tuple[SparseTable, ...] = ()  # embedding tables pushed and pulled by rows
     tls: TlsIdentity | None = None  # the server's pinned certificate (no key), when the fit uses TLS
     wire: str | None = None  # ps.compression: deltas and replies as float16 / bfloat16 ("fp16", "bf16")
+    # the positions in model.weights the server holds, in its order (sparkdl_train.roles: floating weights and
+    # statistics); None: every weight. The others (integer state) keep the driver's values and come back merged.
+    exchanged: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class PSTrainTask:
         run = PartitionPass(self.payload, self.state, self.settings, partition, device=device, epoch=self.epoch, report=self.report)
         model, ps = run.model, self.ps  # optimizer slots from the driver's broadcast
         ahead = Lookahead(run.batches(chunks))
-        sync = TableSync(model, ps.tables)  # with no tables every weight travels whole
+        sync = TableSync(model, ps.tables, exchanged=ps.exchanged)  # with no tables every weight travels whole
         # with tables, read the next window ahead so that only its rows are pulled
         window = ps.every if ps.tables and ps.every is not None and ps.every <= MAX_LOOKAHEAD else None
 
@@ -101,11 +104,20 @@ class PSTrainTask:
                             push_round_trip_seconds=round(spent["round_trip"], 4))
         if samples == 0:
             return Partial(partitions={partition: info})
-        optimizer_state = [np.asarray(v.numpy()) for v in model.optimizer.variables]
+        # the optimizer's state, then the weights the server does not hold (integer state: merged by maximum)
+        kept = [np.asarray(v.numpy()) for v in [*model.optimizer.variables, *local_weights(model, ps.exchanged)]]
         return Partial(
             samples=samples,
             batches=steps,
-            model=WeightedMean.of(optimizer_state, samples),
+            model=WeightedMean.of(kept, samples),
             metrics=get_metric_state(model),
             partitions={partition: info},
         )
+
+
+def local_weights(model, exchanged: tuple[int, ...] | None) -> list:
+    """The variables of ``model.weights`` the parameter server does not hold (none when ``exchanged`` is None)."""
+    if exchanged is None:
+        return []
+    held = set(exchanged)
+    return [w for i, w in enumerate(model.weights) if i not in held]

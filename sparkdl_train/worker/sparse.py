@@ -110,13 +110,21 @@ class TableSync:
     pulled, already unique and sorted: nothing is recomputed. Otherwise (no window, or batches
     that were not the window's) they are found from the batches' ids."""
 
-    def __init__(self, model: Any, tables: Sequence[SparseTable], compiled: bool = True):
-        """``compiled`` False: the eager path even where the backend compiles one (the reference the tests compare with)."""
+    def __init__(self, model: Any, tables: Sequence[SparseTable], compiled: bool = True, exchanged: Sequence[int] | None = None):
+        """``compiled`` False: the eager path even where the backend compiles one (the reference the tests compare with).
+        ``exchanged``: the positions in ``model.weights`` that travel (``model_io.exchanged_positions``; default: all),
+        in the order of the server's arrays; the others (integer state) stay as the worker has them."""
         self.model = model
         self.tables = tuple(tables)
         self._weights = list(model.weights)
+        positions = list(range(len(self._weights))) if exchanged is None else [int(i) for i in exchanged]
+        self._at = {i: k for k, i in enumerate(positions)}  # position in model.weights -> position on the wire
+        self._width = len(positions)
         self._vars = {t.index: self._weights[t.index] for t in self.tables}
-        self._dense = [i for i in range(len(self._weights)) if i not in self._vars]
+        missing = [t.name for t in self.tables if t.index not in self._at]
+        if missing:
+            raise ValueError(f"sparse tables {missing} are not among the exchanged weights")
+        self._dense = [i for i in positions if i not in self._vars]
         self._dense_base: list[np.ndarray] = []
         # one compiled call reads (and one assigns) every dense weight and the rows of a push, the rows' delta
         # bases kept beside the tables: the backend's, or None where the eager path below serves
@@ -152,7 +160,7 @@ class TableSync:
         read by the same input (a DeepFM's embedding and linear terms) share one computation."""
         done = {key: self._unique(t, [t.ids(b[0]) for b in window]) for key, t in self._readers.items()}
         self._window = list(window)
-        return {t.index: done[_input_of(t)] for t in self.tables}
+        return {self._at[t.index]: done[_input_of(t)] for t in self.tables}
 
     @staticmethod
     def _unique(t: SparseTable, ids: list[np.ndarray]) -> np.ndarray:
@@ -175,8 +183,8 @@ class TableSync:
 
     # -- pushing and receiving -------------------------------------------------------------
     def delta(self, scale: float) -> list[Any]:
-        """Deltas since the last receive: dense arrays whole, tables as the touched rows only."""
-        out: list[Any] = [None] * len(self._weights)
+        """Deltas since the last receive, in the server's order: dense arrays whole, tables as the touched rows only."""
+        out: list[Any] = [None] * self._width
         by_input = self._touched_ids()
         touched = [by_input[_input_of(t)] for t in self.tables]
         if self._io is not None:  # one compiled call: every dense weight (one flat vector) and the touched rows' deltas
@@ -185,7 +193,7 @@ class TableSync:
             if scale != 1.0:
                 flat *= scale
             for i, d in zip(self._dense, self._io.unflatten(flat)):
-                out[i] = d
+                out[self._at[i]] = d
         else:
             rows = []
             for t, ids in zip(self.tables, touched):
@@ -195,23 +203,27 @@ class TableSync:
                 rows.append(r)
             for i, base in zip(self._dense, self._dense_base):
                 local = np.asarray(self._weights[i].numpy())
-                out[i] = np.subtract(local, base, dtype=local.dtype)
+                d = out[self._at[i]] = np.subtract(local, base, dtype=local.dtype)
                 if scale != 1.0:
-                    out[i] *= scale
+                    d *= scale
         for t, ids, r in zip(self.tables, touched, rows):
-            out[t.index] = SparseRows(ids, r)
+            out[self._at[t.index]] = SparseRows(ids, r)
         return out
 
     def receive(self, arrays: Sequence[np.ndarray], want: dict[int, np.ndarray] | None) -> None:
-        """Adopt the server's reply: dense weights whole, tables whole (``want`` None) or the wanted rows."""
+        """Adopt the server's reply (``arrays`` and ``want`` in the server's positions): dense weights whole,
+        tables whole (``want`` None) or the wanted rows."""
+        if len(arrays) != self._width:
+            raise ValueError(f"server sent {len(arrays)} arrays, {self._width} are exchanged")
+        at = self._at
         for t in self.tables:  # before anything is assigned
-            if want is not None and arrays[t.index].shape[0] != len(want[t.index]):
-                raise ValueError(f"server sent {arrays[t.index].shape[0]} rows of table {t.name!r}, "
-                                 f"{len(want[t.index])} were asked for")
+            if want is not None and arrays[at[t.index]].shape[0] != len(want[at[t.index]]):
+                raise ValueError(f"server sent {arrays[at[t.index]].shape[0]} rows of table {t.name!r}, "
+                                 f"{len(want[at[t.index]])} were asked for")
         if self._io is not None:  # the dense weights as one flat vector: the base of the next delta
-            self._dense_base = self._io.flat_view([arrays[i] for i in self._dense])
+            self._dense_base = self._io.flat_view([arrays[at[i]] for i in self._dense])
         else:
-            self._dense_base = [arrays[i] for i in self._dense]  # views, valid until the next request
+            self._dense_base = [arrays[at[i]] for i in self._dense]  # views, valid until the next request
         # one compiled call assigns it all (with no tables: every weight); whole tables (no
         # window read ahead) go eagerly
         compiled = self._io is not None and (want is not None or not self.tables)
@@ -220,24 +232,25 @@ class TableSync:
         eager = [] if compiled else list(self._dense)
         eager += [t.index for t in self.tables if want is None]
         if eager:
-            assign([self._weights[i] for i in eager], [arrays[i] for i in eager], "the server's reply")
-        self._pulled = None if want is None else {_input_of(t): want[t.index] for t in self.tables}
+            assign([self._weights[i] for i in eager], [arrays[at[i]] for i in eager], "the server's reply")
+        self._pulled = None if want is None else {_input_of(t): want[at[t.index]] for t in self.tables}
         self._seen = []
         if self._io is not None:
             if compiled:
                 self._io.write(self._dense_base,
-                               [_wire_ids(np.asarray(want[t.index]), t.rows) for t in self.tables] if want is not None else [],
-                               [arrays[t.index] for t in self.tables] if want is not None else [])
+                               [_wire_ids(np.asarray(want[at[t.index]]), t.rows) for t in self.tables] if want is not None else [],
+                               [arrays[at[t.index]] for t in self.tables] if want is not None else [])
             elif self.tables:  # whole tables assigned above: they are the bases
                 self._io.rebase()
             return
         for t in self.tables:
-            got = arrays[t.index]
+            got = arrays[at[t.index]]
             if want is None:
                 self._base[t.index][...] = got
                 continue
-            _scatter(self._vars[t.index], want[t.index], got)
-            self._base[t.index][want[t.index]] = got
+            ids = want[at[t.index]]
+            _scatter(self._vars[t.index], ids, got)
+            self._base[t.index][ids] = got
 
 
 def _gather(var: Any, ids: np.ndarray) -> np.ndarray:

@@ -57,6 +57,27 @@ def check_learning_rate(model: Any, config: EngineConfig) -> None:
         )
 
 
+def overridden_train_step(model: Any) -> str | None:
+    """The class that overrides Keras' ``train_step`` for ``model`` (``None``: Keras' own)."""
+    for cls in type(model).__mro__:
+        if "train_step" in vars(cls):
+            return None if cls.__module__.split(".")[0] == "keras" else cls.__name__
+    return None
+
+
+def check_own_train_step(model: Any) -> None:
+    """The gradient-allreduce step computes the gradients itself (loss, backward pass, averaged gradients,
+    the optimizer's apply): a model whose ``train_step`` does something else would be trained without it."""
+    owner = overridden_train_step(model)
+    if owner is not None:
+        raise ConfigError(
+            f"model {model.name!r} overrides train_step (class {owner}), which mode='allreduce' with per-step gradient "
+            "averaging cannot run: it computes and averages the gradients itself. Train it with a parameter-server mode "
+            "(mode='asynchronous' or 'synchronous' with frequency=N), model averaging (mode='synchronous'), or "
+            "mode='allreduce' with frequency='epoch' (model averaging through the ring): those run your train_step."
+        )
+
+
 class AllreduceEngine(Engine):
     """Barrier-mode ring allreduce for the duration of one fit."""
 
@@ -94,6 +115,8 @@ class AllreduceEngine(Engine):
 
     def __init__(self, config: EngineConfig, model: Any, sc: Any, launch: Launch):
         check_learning_rate(model, config)
+        if self.step == "fused":
+            check_own_train_step(model)
         super().__init__(config, model, sc, launch)
         self.sparse_names: list[str] = []  # the tables the fit's StepSettings send by rows, named at its first epoch
         self.secret = new_secret()  # per fit; proves ring peers belong to it

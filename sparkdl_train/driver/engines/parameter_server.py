@@ -14,12 +14,12 @@ from typing import Any
 
 from ...config import EngineConfig
 from ...data.adapters import DataAdapter
-from ...model_io import metrics_result, set_metric_state, set_optimizer_state, set_weights
+from ...model_io import assign, exchanged_positions, metrics_result, set_metric_state, set_optimizer_state
 from ...net import new_identity, new_secret
 from ...ps.protocol import dense_exchange_bytes
 from ...ps.server import ParameterServer
 from ...ps.state import ServerState
-from ...worker.ps_task import PSSettings, PSTrainTask
+from ...worker.ps_task import PSSettings, PSTrainTask, local_weights
 from ...worker.steps import largest_divisor
 from ..sparse import find_tables
 from ..stats import EpochStats
@@ -56,14 +56,18 @@ class ParameterServerEngine(Engine):
         self.wire = config.ps.compression if config.ps.compression not in (None, "none") else None  # ps.compression
         if config.ps.sparse_embeddings and not self.tables:
             log.warning("sparse_embeddings=True, but no embedding table reads its ids from a model input: all weights travel whole")
-        weights = [w.numpy() for w in model.weights]
+        # the server holds the floating weights and statistics (sparkdl_train.roles); integer and boolean state
+        # (lookup layers' counts, counters) stays with the workers, from the driver's broadcast
+        self.exchanged = tuple(exchanged_positions(model))
+        at = {i: k for k, i in enumerate(self.exchanged)}
+        weights = [model.weights[i].numpy() for i in self.exchanged]
         self.state = ServerState(
             weights,
             config.mode,
             staleness_bound=config.ps.staleness_bound,
             round_timeout=config.ps.round_timeout,
             join_timeout=config.ps.join_timeout,
-            sparse=[t.index for t in self.tables],
+            sparse=[at[t.index] for t in self.tables],
             shards=config.ps.table_shards,
         )
         self.dense_bytes_per_push = dense_exchange_bytes(weights)
@@ -109,7 +113,10 @@ class ParameterServerEngine(Engine):
 
     def stopped(self, model: Any) -> None:
         """An epoch was cancelled midway: take the server's weights, the latest there are."""
-        set_weights(model, self.state.snapshot())
+        self._take_server_weights(model)
+
+    def _take_server_weights(self, model: Any) -> None:
+        assign([model.weights[i] for i in self.exchanged], self.state.snapshot(), "the server's weights")
 
     def train_epoch(self, ctx: EpochContext) -> tuple[dict[str, Any], EpochStats]:
         model, settings, epoch = ctx.model, ctx.settings, ctx.epoch
@@ -119,12 +126,17 @@ class ParameterServerEngine(Engine):
             timeout=self.config.ps.round_timeout + 60, connect_timeout=self.config.core.connect_timeout, tables=self.tables,
             tls=self.tls.for_clients() if self.tls is not None else None,
             wire=self.wire,
+            exchanged=None if len(self.exchanged) == len(model.weights) else self.exchanged,
         )
         self.state.begin_epoch(self.workers)
         partial, stats = run_epoch(ctx, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r))
-        set_weights(model, self.state.snapshot())
+        self._take_server_weights(model)
         if partial.model.sums is not None:
-            set_optimizer_state(model, partial.model.result())
+            kept = partial.model.result()  # the optimizer's state, then the weights the server does not hold
+            slots = len(model.optimizer.variables)
+            set_optimizer_state(model, kept[:slots])
+            if ps.exchanged is not None:
+                assign(local_weights(model, ps.exchanged), kept[slots:], "the workers' integer state")
         set_metric_state(model, partial.metrics)
         return metrics_result(model), stats
 
