@@ -7,7 +7,7 @@ on the driver), and the result is the first epoch count at which it reaches the 
 accuracy, or 1.05x Keras' MAE). Written to bench/results/model_epochs.json; docs/models.md's table is
 rendered from it (``python bench/model_epochs.py --render``; tests/test_docs_figures.py checks they agree).
 
-    python bench/model_epochs.py                      # measure (about 6 minutes on 2 cores), then render
+    python bench/model_epochs.py                      # measure (about 7 minutes on 2 cores), then render
     python bench/model_epochs.py --render             # only re-render docs/models.md from the result file
 """
 
@@ -28,7 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULT = os.path.join(HERE, "results", "model_epochs.json")
 DOC = os.path.join(HERE, "..", "docs", "models.md")
 BEGIN, END = "<!-- model_epochs:begin (bench/model_epochs.py renders this table) -->", "<!-- model_epochs:end -->"
-SHAPES = ("preprocessing_layers", "text_cnn", "batchnorm_dropout", "lstm", "transformer", "regression", "two_tower_ranking")
+SHAPES = ("preprocessing_layers", "text_cnn", "batchnorm_dropout", "image_augmentation", "lstm", "transformer", "regression",
+          "two_tower_ranking")
 
 
 def measure(args) -> dict:
@@ -73,6 +74,9 @@ def measure(args) -> dict:
         rows.append(row)
     spark.stop()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    if subprocess.run(["git", "status", "--porcelain", "--", "sparkdl_train", "tests", "bench"], capture_output=True, text=True,
+                      cwd=HERE).stdout.strip():
+        commit += "+changes"  # measured on a working tree with uncommitted code
     return {"command": "python bench/model_epochs.py " + " ".join(sys.argv[1:]), "commit": commit,
             "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "versions": {"keras": keras.__version__}, "master": "local[2]", "workers": 2,

@@ -67,6 +67,20 @@ def sparse_model():
     return m
 
 
+def normalized_model(x):
+    """An adapted Normalization (float mean and variance, an int64 count) and a BatchNormalization."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    norm = keras.layers.Normalization()
+    norm.adapt(x)
+    inp = keras.Input((FEATURES,))
+    h = keras.layers.BatchNormalization()(keras.layers.Dense(16, activation="relu")(norm(inp)))
+    m = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(h))
+    m.compile(keras.optimizers.Adam(0.01), "binary_crossentropy", metrics=["accuracy"])
+    return m, norm
+
+
 def collective_step_alone(w0) -> dict:
     """sparkdl_train.backend.jax_collectives.CollectiveStep in this process (a job of one, no
     jax.distributed) against Keras' train_on_batch: a full batch, a short one (padded with weight 0),
@@ -393,6 +407,20 @@ def main(out_dir: str, master: str = "local[2]", cases: list[str] | None = None)
         result["buckets_refused"] = None
     except ConfigError as e:
         result["buckets_refused"] = {"message": str(e)}
+
+    # integer state (an adapted Normalization's count) and statistics (BatchNorm's) through every parameter-server
+    # mode and the averaging engine (sparkdl_train.roles): the server holds the floats only
+    result["roles"] = {}
+    for label, kwargs in {"asynchronous": {"mode": "asynchronous", "frequency": "batch"}, "hogwild": {"mode": "hogwild", "frequency": "batch"},
+                          "synchronous-4": {"mode": "synchronous", "frequency": 4}, "averaging": {}}.items():
+        m, norm = normalized_model(x)
+        var = {w.path.rsplit("/", 1)[1]: w for w in norm.weights}  # the adapted mean, variance and count variables
+        count, mean = np.array(var["count"].numpy()), np.array(var["mean"].numpy())
+        SparkModel(m, num_workers=2, **kwargs).fit(rdd, epochs=EPOCHS, batch_size=BATCH, verbose=0)
+        result["roles"][label] = {"accuracy": m.evaluate(x, y, verbose=0, return_dict=True)["accuracy"],
+                                  "count_kept": bool(np.array_equal(var["count"].numpy(), count)),
+                                  "count_dtype": str(np.asarray(var["count"].numpy()).dtype),
+                                  "mean_kept": bool(np.array_equal(var["mean"].numpy(), mean))}
 
     result["executor_env"] = dict(sc.environment)
     np.savez(os.path.join(out_dir, "jax_weights.npz"), **weights)

@@ -1,4 +1,4 @@
-"""Users' model shapes, as public Keras example galleries write them, each with synthetic data of its
+"""Users' model shapes (fourteen), as public Keras example galleries write them, each with synthetic data of its
 schema and a planted signal (so a held-out metric means something).
 
 Every shape is written as its gallery writes it (keras.io examples: structured data with FeatureSpace and
@@ -37,10 +37,7 @@ class Shape:
     # the engines' epochs as a multiple of Keras' where a step-limited model needs more on small data (with
     # 2 workers each runs half model.fit's steps per epoch: sparkdl_train.driver.efficiency)
     epoch_multiple: int = 1
-    engine_multiple: dict[str, int] = field(default_factory=dict)  # an engine that needs another multiple
-
-    def epochs(self, engine: str, keras_epochs: int) -> int:
-        return keras_epochs * self.engine_multiple.get(engine, self.epoch_multiple)
+    row_shape: tuple[int, ...] | None = None  # the model input's shape, where the column holds it flattened
 
 
 def _keras():
@@ -108,14 +105,28 @@ def _two_targets(n: int, seed: int) -> pd.DataFrame:
 
 
 def _sequences(n: int, seed: int, length: int = 20, vocab: int = 50) -> pd.DataFrame:
-    """Token sequences; the label: whether token 7 comes before token 9 (order matters)."""
+    """Token sequences; the label: which of two marker tokens (7 or 9) the sequence holds, three times, among filler."""
     rng = np.random.default_rng(seed)
     seqs = rng.integers(10, vocab, size=(n, length)).astype("int64")
     label = rng.integers(0, 2, n)
     for i, y in enumerate(label):
-        a, b = sorted(rng.choice(length, 2, replace=False))
-        seqs[i, a], seqs[i, b] = (7, 9) if y else (9, 7)
+        seqs[i, rng.choice(length, 3, replace=False)] = 7 if y else 9
     return pd.DataFrame({"tokens": list(seqs), "label": label.astype("float32")})
+
+
+def _images(n: int, seed: int, size: int = 16) -> pd.DataFrame:
+    """Grey images (pixel values 0-255, flattened): a bright plus sign or a bright square, in noise."""
+    rng = np.random.default_rng(seed)
+    label = rng.integers(0, 2, n)
+    imgs = rng.uniform(0, 60, size=(n, size, size)).astype("float32")
+    for i, y in enumerate(label):
+        r, c = rng.integers(4, size - 4, 2)
+        if y:
+            imgs[i, r - 3:r + 4, c] = 250
+            imgs[i, r, c - 3:c + 4] = 250
+        else:
+            imgs[i, r - 2:r + 2, c - 2:c + 2] = 250
+    return pd.DataFrame({"pixels": list(imgs.reshape(n, -1)), "label": label.astype("float32")})
 
 
 def _regression(n: int, seed: int) -> pd.DataFrame:
@@ -125,17 +136,17 @@ def _regression(n: int, seed: int) -> pd.DataFrame:
     return pd.DataFrame({"features": list(x), "label": y})
 
 
-USERS, ITEMS = 200, 120
+USERS, ITEMS = 40, 30
 
 
 def _interactions(n: int, seed: int) -> pd.DataFrame:
     """Implicit feedback from planted user and item factors: clicked when their affinity is high."""
     factors = np.random.default_rng(99)
-    u_f, i_f = factors.normal(size=(USERS, 4)), factors.normal(size=(ITEMS, 4))
+    u_f, i_f = factors.normal(size=(USERS, 2)), factors.normal(size=(ITEMS, 2))
     rng = np.random.default_rng(seed)
     user = rng.integers(0, USERS, n).astype("int64")
     item = rng.integers(0, ITEMS, n).astype("int64")
-    label = ((u_f[user] * i_f[item]).sum(axis=1) + rng.normal(0, 0.3, n) > 0).astype("float32")
+    label = ((u_f[user] * i_f[item]).sum(axis=1) + rng.normal(0, 0.2, n) > 0).astype("float32")
     return pd.DataFrame({"user": user, "item": item, "label": label})
 
 
@@ -374,6 +385,28 @@ def custom_train_step_model() -> Any:
     return model
 
 
+def image_model() -> Any:
+    """keras.io "Image classification from scratch": augmentation layers (random flips and rotations, each
+    with a seed generator's state), rescaling, separable and plain convolutions with BatchNorm."""
+    keras = _keras()
+    layers = keras.layers
+    _seeded()
+    inp = keras.Input((16, 16, 1), name="pixels")
+    x = layers.RandomFlip("horizontal")(inp)
+    x = layers.RandomRotation(0.05)(x)
+    x = layers.Rescaling(1.0 / 255)(x)
+    x = layers.Conv2D(16, 3, padding="same")(x)
+    x = layers.BatchNormalization(momentum=0.9)(x)  # few steps: moving statistics that settle within them
+    x = layers.Activation("relu")(x)
+    x = layers.SeparableConv2D(16, 3, padding="same", activation="relu")(x)
+    x = layers.MaxPooling2D()(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    out = layers.Dense(1, activation="sigmoid")(x)
+    model = keras.Model(inp, out)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
 def lstm_model() -> Any:
     keras = _keras()
     layers = keras.layers
@@ -480,10 +513,11 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
     Shape("batchnorm_dropout", batchnorm_model, _vectors, "features"),
     Shape("mixed_precision", mixed_precision_model, _vectors, "features"),
     Shape("custom_train_step", custom_train_step_model, _vectors, "features", refused={"allreduce": "overrides train_step"}),
-    Shape("lstm", lstm_model, _sequences, "tokens", epoch_multiple=2, engine_multiple={"allreduce": 3}),
+    Shape("image_augmentation", image_model, _images, "pixels", row_shape=(16, 16, 1), epoch_multiple=2),
+    Shape("lstm", lstm_model, _sequences, "tokens"),
     Shape("transformer", transformer_model, _sequences, "tokens", builder=True),
     Shape("regression", regression_model, _regression, "features", metric="mae", lower_is_better=True, epoch_multiple=2),
-    Shape("two_tower_ranking", ranking_model, _interactions, {"user": "user", "item": "item"}),
+    Shape("two_tower_ranking", ranking_model, _interactions, {"user": "user", "item": "item"}, epoch_multiple=2),
 ]}
 
 
@@ -498,6 +532,8 @@ def arrays(shape: Shape, df: pd.DataFrame) -> tuple[Any, Any]:
 
     fc = shape.feature_cols
     x = {k: col(c) for k, c in fc.items()} if isinstance(fc, dict) else col(fc)
+    if shape.row_shape is not None:  # the fit reshapes the column to the input's declared shape; Keras is given it so
+        x = x.reshape(len(df), *shape.row_shape)
     lc = shape.label_col
     y = {k: df[c].to_numpy().reshape(-1, 1) for k, c in lc.items()} if isinstance(lc, dict) else df[lc].to_numpy().reshape(-1, 1)
     return x, y

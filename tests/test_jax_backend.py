@@ -74,6 +74,15 @@ def test_the_spark_ml_estimator_and_the_elephas_layer_train_on_jax(jax_run):
     assert refused is not None and "bucketBytes" in refused["message"] and "TensorFlow" in refused["message"], refused
 
 
+def test_integer_state_and_statistics_keep_their_roles_on_jax(jax_run):
+    """An adapted Normalization's integer count never reaches the parameter server (it refuses integer arrays):
+    every mode trains, the count and the adapted mean stay the driver's."""
+    assert set(jax_run["roles"]) == {"asynchronous", "hogwild", "synchronous-4", "averaging"}
+    for mode, r in jax_run["roles"].items():
+        assert r["count_kept"] and np.dtype(r["count_dtype"]).kind == "i" and r["mean_kept"], (mode, r)  # int32 on JAX without x64
+        assert r["accuracy"] >= 0.85, (mode, r)
+
+
 def test_one_jax_worker_without_shuffling_equals_keras_fit_on_jax(jax_run):
     assert jax_run["one_worker_vs_keras_fit"] <= 1e-5
 

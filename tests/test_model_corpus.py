@@ -1,7 +1,7 @@
-"""Users' model shapes (tests/model_corpus.py: thirteen, from public Keras galleries) through every engine.
+"""Users' model shapes (tests/model_corpus.py: fourteen, from public Keras galleries) through every engine.
 
 Each shape is trained by single-process Keras and by every engine on ``local[2]`` for the same epochs on
-the same rows (or ``Shape.epochs``' multiple of them, for the step-limited shapes), and the driver's model
+the same rows (or ``Shape.epoch_multiple`` times the epochs, for the step-limited shapes), and the driver's model
 after the fit is held to Keras' held-out metric: within ``TOLERANCE`` (accuracy) or ``MAE_RATIO`` (regression).
 A combination an engine refuses is a clear error, asserted as such. The variable roles (sparkdl_train.roles) are checked on the preprocessing models.
 """
@@ -49,7 +49,7 @@ def test_shape_trains_through_engine(corpus_data, name, engine):
     shape = SHAPES[name]
     df, test, keras_metric = corpus_data[name]
     sm = SparkModel(shape.build if shape.builder else shape.build(), **ENGINES[engine])
-    epochs = shape.epochs(engine, EPOCHS)
+    epochs = EPOCHS * shape.epoch_multiple
     kwargs = dict(epochs=epochs, batch_size=BATCH, feature_cols=shape.feature_cols, label_col=shape.label_col, verbose=0)
     if engine in shape.refused:
         with pytest.raises((ConfigError, DataError), match=shape.refused[engine]):
@@ -99,7 +99,8 @@ def test_unshippable_layer_named(corpus_data):
 
     shape = SHAPES["custom_layers"]
     df, _, _ = corpus_data["custom_layers"]
-    with pytest.raises(ModelError, match=r"(?s)layer 'linear(_\d+)?' \(class Linear from model_corpus\) cannot be rebuilt.*get_config.*SparkModel\(build_model"):
+    named = r"(?s)layer 'linear(_\d+)?' \(class Linear from model_corpus\) cannot be rebuilt.*get_config.*SparkModel\(build_model"
+    with pytest.raises(ModelError, match=named):
         SparkModel(shape.build()).fit(df, epochs=1, batch_size=BATCH, feature_cols=shape.feature_cols, verbose=0)
 
 
@@ -123,3 +124,18 @@ def test_several_outputs_need_a_label_each(corpus_data):
         sm.fit(df, epochs=1, batch_size=BATCH, feature_cols="features", label_col=["label", "value"], verbose=0)
     with pytest.raises(DataError, match=r"label_col names outputs \['label', 'score'\]"):
         sm.fit(df, epochs=1, batch_size=BATCH, feature_cols="features", label_col={"label": "label", "score": "value"}, verbose=0)
+
+
+def test_the_asynchronous_one_liner_trains_a_featurespace_model_from_an_rdd(spark, corpus_data):
+    """The mission's one-liner, as written, on Keras' recommended structured-data model: an RDD of
+    (dict of raw columns, label) rows, SparkModel(model, mode='asynchronous').fit(rdd)."""
+    shape = SHAPES["featurespace"]
+    train_df, test, keras_metric = corpus_data["featurespace"]
+    train = train_df.toPandas()
+    rows = [({"age": np.float32([r.age]), "chol": np.float32([r.chol]), "city": np.array([r.city]), "grade": np.int64([r.grade])},
+             np.float32([r.label])) for r in train.itertuples()]
+    rdd = spark.sparkContext.parallelize(rows, 2)
+    model = shape.build()
+    history = SparkModel(model, mode="asynchronous").fit(rdd, epochs=EPOCHS, batch_size=BATCH, verbose=0)
+    assert len(history.history["loss"]) == EPOCHS
+    assert _held_out(shape, model, test) >= keras_metric - TOLERANCE

@@ -91,8 +91,10 @@ def task_identity() -> dict[str, Any]:
     and its application-wide task id, by which the driver finds the executor that ran it
     (:mod:`sparkdl_train.driver.executors`), and the executor's id as the task found it
     (:mod:`.identity`: where the driver cannot ask Spark). Empty values outside Spark."""
-    from pyspark import TaskContext
-
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # the executor's code driven without Spark (bench/gpu_check.py on a machine without pyspark)
+        return {"attempt": 0, "stage": None, "task": None}
     from .identity import executor_id
 
     ctx = TaskContext.get()
