@@ -2,7 +2,8 @@
 
 * model state (weights, optimizer slots) is averaged, weighted by the number of
   samples each worker trained on; integer state (e.g. the optimizer's step
-  counter) takes the maximum, because averaging a counter is meaningless;
+  counter) takes the maximum, because averaging a counter is meaningless
+  (:mod:`sparkdl_train.roles` decides which is which);
 * metric state (Keras metric variables: totals, counts, confusion counts) is
   summed, which makes the final metric exactly what one process would have
   computed over the union of the data.
@@ -19,10 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import wire
-
-
-def _is_float(a: np.ndarray) -> bool:
-    return a.dtype.kind in "fc"
+from .roles import is_numeric_mergeable
 
 
 class WeightedMean:
@@ -71,7 +69,7 @@ class WeightedMean:
         for i, (a, b) in enumerate(zip(self.sums, other.sums)):
             if a.shape != b.shape:
                 raise ValueError(f"state array {i}: shape {a.shape} != {b.shape}")
-            if np.dtype(self.dtypes[i]).kind in "fc":
+            if is_numeric_mergeable(self.dtypes[i]):
                 np.add(a, b, out=a)
             else:
                 np.maximum(a, b, out=a)
@@ -85,7 +83,7 @@ class WeightedMean:
         out = []
         for a, dt in zip(self.sums, self.dtypes):
             dt = np.dtype(dt)
-            out.append(np.asarray(a / self.total_weight, dtype=dt) if dt.kind in "fc" else np.asarray(a, dtype=dt))
+            out.append(np.asarray(a / self.total_weight, dtype=dt) if is_numeric_mergeable(dt) else np.asarray(a, dtype=dt))
         return out
 
 
@@ -93,7 +91,7 @@ def _scaled(arrays: Sequence[np.ndarray], weight: float) -> list[np.ndarray]:
     """Float arrays as float64 times ``weight``, the others copied."""
     sums = []
     for a in arrays:
-        if _is_float(a):
+        if is_numeric_mergeable(a.dtype):
             s = np.array(a, dtype=np.float64, copy=True)
             np.multiply(s, weight, out=s)  # in place: 0-d arrays must stay arrays
         else:

@@ -29,7 +29,7 @@ positions whose values travel as numbers to be added or averaged (``weight`` and
 from __future__ import annotations
 
 import enum
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -69,14 +69,6 @@ def exchanged(roles: Sequence[Role]) -> list[int]:
 def is_numeric_mergeable(dtype: object) -> bool:
     """Arrays of this dtype are averaged (floating); the others are merged by maximum."""
     return _kind(dtype) in "fc"
-
-
-def describe(paths: Iterable[str], roles: Iterable[Role]) -> dict[str, list[str]]:
-    """``{role: [path, ...]}`` (for logs and ``sm.stats``)."""
-    out: dict[str, list[str]] = {}
-    for p, r in zip(paths, roles):
-        out.setdefault(r.value, []).append(p)
-    return out
 
 
 def _kind(dtype: object) -> str:

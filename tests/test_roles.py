@@ -6,7 +6,7 @@ import pytest
 from sparkdl_train.driver.efficiency import FEW_STEPS, few_steps_advice
 from sparkdl_train.merge import WeightedMean
 from sparkdl_train.ps.state import ServerState
-from sparkdl_train.roles import Role, describe, exchanged, merged, role
+from sparkdl_train.roles import Role, exchanged, is_numeric_mergeable, merged, role
 
 
 @pytest.mark.parametrize("dtype, trainable, path, want", [
@@ -24,11 +24,11 @@ def test_role(dtype, trainable, path, want):
     assert role(dtype, trainable, path) is want
 
 
-def test_exchanged_positions_and_description():
+def test_exchanged_positions():
     roles = [Role.WEIGHT, Role.DISCRETE, Role.STATISTIC, Role.RANDOM, Role.WEIGHT]
     assert exchanged(roles) == [0, 2, 4]
     assert [merged(r) for r in roles] == [True, False, True, False, True]
-    assert describe(["a", "b", "c", "d", "e"], roles) == {"weight": ["a", "e"], "discrete": ["b"], "statistic": ["c"], "random": ["d"]}
+    assert [is_numeric_mergeable(d) for d in ("float32", "bfloat16", "complex64", "int64", "bool", "uint32")] == [True] * 3 + [False] * 3
 
 
 def test_averaging_merges_discrete_state_by_maximum():

@@ -40,6 +40,7 @@ import numpy as np
 
 from .. import _compat
 from ..data.batching import tree_map
+from ..roles import merged, role
 from .flat import first_input
 
 AXIS = "ranks"
@@ -94,7 +95,8 @@ class CollectiveStep:
         # the program's state, replicated: trainable, non-trainable and optimizer variables
         self.groups = [list(model.trainable_variables), list(model.non_trainable_variables), list(model.optimizer.variables)]
         self.metric_vars = list(model.metrics_variables)  # each rank's own, updated outside the program
-        floats = [np.dtype(v.dtype).kind == "f" for v in self.groups[1]]
+        # statistics averaged (sparkdl_train.roles); counters and seed generators' states kept per rank
+        floats = [merged(role(v.dtype, False, getattr(v, "path", ""))) for v in self.groups[1]]
         size = float(batch_size)
         # allreduce.compression: the gradients summed in half width (NCCL adds in the type it is given)
         wire_dtype = {"fp16": jnp.float16, "bf16": jnp.bfloat16}.get(wire or "", jnp.float32)

@@ -44,8 +44,9 @@ from ..allreduce.transport import Group, PeerAborted, rendezvous
 from ..data.batching import Batch, num_rows
 from ..errors import RankError, SparkDLError  # RankError: also this module's name for it
 from ..merge import Partial, WeightedMean
-from ..model_io import assign, get_metric_state, get_state, set_state
+from ..model_io import assign, get_metric_state, get_state, set_state, variable_roles
 from ..net.tls import TlsIdentity
+from ..roles import is_numeric_mergeable, merged
 from .fused_step import cached_fused_step
 from .replay import Replay
 from .report import ReportSettings
@@ -294,8 +295,8 @@ def _average_state(arrays: list[np.ndarray], link: Any, rank: int, size: int, sa
     ``rows``: (positions in ``arrays``, this rank's count per row) for each embedding table: those
     arrays are averaged row by row, each rank weighted by how often it looked the row up (rows no
     rank looked up: by samples); the summed weights travel in the same ring."""
-    floats = [i for i, a in enumerate(arrays) if a.dtype.kind in "fc"]
-    others = [i for i, a in enumerate(arrays) if a.dtype.kind not in "fc"]
+    floats = [i for i, a in enumerate(arrays) if is_numeric_mergeable(a.dtype)]
+    others = [i for i, a in enumerate(arrays) if not is_numeric_mergeable(a.dtype)]
     weights: list[np.ndarray] = []
     row_weight: dict[int, int] = {}  # position in arrays -> its entry in weights
     for positions, counts in rows:
@@ -375,8 +376,9 @@ def _sync_non_trainable(model: Any, link: Any, rank: int, size: int, samples: in
     moving statistics) become their sample-weighted mean, the others (seed counters) rank 0's."""
     if link is None:
         return
-    floats = [v for v in model.non_trainable_weights if np.dtype(v.dtype).kind == "f"]
-    others = [v for v in model.non_trainable_weights if np.dtype(v.dtype).kind != "f"]
+    statistic = [merged(r) for r in variable_roles(model.non_trainable_weights)]  # sparkdl_train.roles
+    floats = [v for v, m in zip(model.non_trainable_weights, statistic) if m]
+    others = [v for v, m in zip(model.non_trainable_weights, statistic) if not m]
     if floats:
         arrays = [np.asarray(v.numpy(), np.float64).ravel() for v in floats]
         buf = np.concatenate([*(a * samples for a in arrays), [float(samples)]])
