@@ -117,3 +117,11 @@ def reference_accuracy(digits):
 def mlp():
     return make_mlp
 
+
+
+@pytest.fixture(scope="module")
+def corpus_data(spark):
+    """Users' model shapes' data and Keras' held-out metric for each (tests/model_corpus.py), per module."""
+    import model_corpus
+
+    return model_corpus.corpus_frames(spark)

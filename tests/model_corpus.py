@@ -1,4 +1,4 @@
-"""Users' model shapes (fourteen), as public Keras example galleries write them, each with synthetic data of its
+"""Users' model shapes (thirteen), as public Keras example galleries write them, each with synthetic data of its
 schema and a planted signal (so a held-out metric means something).
 
 Every shape is written as its gallery writes it (keras.io examples: structured data with FeatureSpace and
@@ -37,7 +37,6 @@ class Shape:
     # the engines' epochs as a multiple of Keras' where a step-limited model needs more on small data (with
     # 2 workers each runs half model.fit's steps per epoch: sparkdl_train.driver.efficiency)
     epoch_multiple: int = 1
-    row_shape: tuple[int, ...] | None = None  # the model input's shape, where the column holds it flattened
 
 
 def _keras():
@@ -112,21 +111,6 @@ def _sequences(n: int, seed: int, length: int = 20, vocab: int = 50) -> pd.DataF
     for i, y in enumerate(label):
         seqs[i, rng.choice(length, 3, replace=False)] = 7 if y else 9
     return pd.DataFrame({"tokens": list(seqs), "label": label.astype("float32")})
-
-
-def _images(n: int, seed: int, size: int = 16) -> pd.DataFrame:
-    """Grey images (pixel values 0-255, flattened): a bright plus sign or a bright square, in noise."""
-    rng = np.random.default_rng(seed)
-    label = rng.integers(0, 2, n)
-    imgs = rng.uniform(0, 60, size=(n, size, size)).astype("float32")
-    for i, y in enumerate(label):
-        r, c = rng.integers(4, size - 4, 2)
-        if y:
-            imgs[i, r - 3:r + 4, c] = 250
-            imgs[i, r, c - 3:c + 4] = 250
-        else:
-            imgs[i, r - 2:r + 2, c - 2:c + 2] = 250
-    return pd.DataFrame({"pixels": list(imgs.reshape(n, -1)), "label": label.astype("float32")})
 
 
 def _regression(n: int, seed: int) -> pd.DataFrame:
@@ -385,28 +369,6 @@ def custom_train_step_model() -> Any:
     return model
 
 
-def image_model() -> Any:
-    """keras.io "Image classification from scratch": augmentation layers (random flips and rotations, each
-    with a seed generator's state), rescaling, separable and plain convolutions with BatchNorm."""
-    keras = _keras()
-    layers = keras.layers
-    _seeded()
-    inp = keras.Input((16, 16, 1), name="pixels")
-    x = layers.RandomFlip("horizontal")(inp)
-    x = layers.RandomRotation(0.05)(x)
-    x = layers.Rescaling(1.0 / 255)(x)
-    x = layers.Conv2D(16, 3, padding="same")(x)
-    x = layers.BatchNormalization(momentum=0.9)(x)  # few steps: moving statistics that settle within them
-    x = layers.Activation("relu")(x)
-    x = layers.SeparableConv2D(16, 3, padding="same", activation="relu")(x)
-    x = layers.MaxPooling2D()(x)
-    x = layers.GlobalAveragePooling2D()(x)
-    out = layers.Dense(1, activation="sigmoid")(x)
-    model = keras.Model(inp, out)
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy", metrics=["accuracy"])
-    return model
-
-
 def lstm_model() -> Any:
     keras = _keras()
     layers = keras.layers
@@ -513,7 +475,6 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
     Shape("batchnorm_dropout", batchnorm_model, _vectors, "features"),
     Shape("mixed_precision", mixed_precision_model, _vectors, "features"),
     Shape("custom_train_step", custom_train_step_model, _vectors, "features", refused={"allreduce": "overrides train_step"}),
-    Shape("image_augmentation", image_model, _images, "pixels", row_shape=(16, 16, 1), epoch_multiple=2),
     Shape("lstm", lstm_model, _sequences, "tokens"),
     Shape("transformer", transformer_model, _sequences, "tokens", builder=True),
     Shape("regression", regression_model, _regression, "features", metric="mae", lower_is_better=True, epoch_multiple=2),
@@ -532,8 +493,6 @@ def arrays(shape: Shape, df: pd.DataFrame) -> tuple[Any, Any]:
 
     fc = shape.feature_cols
     x = {k: col(c) for k, c in fc.items()} if isinstance(fc, dict) else col(fc)
-    if shape.row_shape is not None:  # the fit reshapes the column to the input's declared shape; Keras is given it so
-        x = x.reshape(len(df), *shape.row_shape)
     lc = shape.label_col
     y = {k: df[c].to_numpy().reshape(-1, 1) for k, c in lc.items()} if isinstance(lc, dict) else df[lc].to_numpy().reshape(-1, 1)
     return x, y
@@ -547,6 +506,7 @@ ENGINES = {
     "hogwild": {"mode": "hogwild", "frequency": "batch"},
     "allreduce": {"mode": "allreduce"},
 }
+PS_ENGINES = ("synchronous_ps", "asynchronous", "hogwild")  # tests/test_model_corpus_ps.py; the others: test_model_corpus.py
 
 
 def keras_dataset(shape: Shape, df: pd.DataFrame, batch_size: int, shuffle: bool = False) -> Any:
@@ -557,3 +517,54 @@ def keras_dataset(shape: Shape, df: pd.DataFrame, batch_size: int, shuffle: bool
     if shuffle:
         ds = ds.shuffle(len(df), seed=3)
     return ds.batch(batch_size)
+
+
+# -- the corpus through the engines (tests/test_model_corpus*.py) ------------------------------------
+
+EPOCHS = 2
+TRAIN_ROWS, TEST_ROWS, BATCH = 1024, 512, 32
+TOLERANCE = 0.05  # held-out accuracy at most this far below Keras' at the same epochs
+MAE_RATIO = 1.3  # held-out mean absolute error at most this multiple of Keras'
+
+
+def corpus_frames(spark: Any) -> dict[str, tuple[Any, pd.DataFrame, float]]:
+    """Per shape: the training DataFrame (2 partitions), the held-out rows, Keras' held-out metric after ``EPOCHS``."""
+    out = {}
+    for name, shape in SHAPES.items():
+        train, test = shape.data(TRAIN_ROWS, 1), shape.data(TEST_ROWS, 2)
+        model = shape.build()
+        model.fit(keras_dataset(shape, train, BATCH, shuffle=True), epochs=EPOCHS, verbose=0)
+        out[name] = (spark.createDataFrame(train).repartition(2), test, held_out(shape, model, test))
+    return out
+
+
+def held_out(shape: Shape, model: Any, test: pd.DataFrame) -> float:
+    return model.evaluate(keras_dataset(shape, test, 256), verbose=0, return_dict=True)[shape.metric]
+
+
+def check_shape_through_engine(corpus_data: dict, name: str, engine: str) -> None:
+    """Train shape ``name`` through ``engine`` on ``local[2]`` and hold the driver's model to Keras' held-out
+    metric (or assert the engine's refusal, where the shape names one)."""
+    import pytest
+
+    from sparkdl_train import SparkModel
+    from sparkdl_train.errors import ConfigError, DataError
+
+    shape = SHAPES[name]
+    df, test, keras_metric = corpus_data[name]
+    sm = SparkModel(shape.build if shape.builder else shape.build(), **ENGINES[engine])
+    epochs = EPOCHS * shape.epoch_multiple
+    kwargs = dict(epochs=epochs, batch_size=BATCH, feature_cols=shape.feature_cols, label_col=shape.label_col, verbose=0)
+    if engine in shape.refused:
+        with pytest.raises((ConfigError, DataError), match=shape.refused[engine]):
+            sm.fit(df, **kwargs)
+        return
+    history = sm.fit(df, **kwargs)
+    assert len(history.history["loss"]) == epochs and all(np.isfinite(history.history["loss"]))
+    assert sm.stats.epochs[-1].samples == TRAIN_ROWS
+    assert sorted(sm.stats.epochs[-1].partitions) == [0, 1] and all(p["samples"] > 0 for p in sm.stats.epochs[-1].partitions.values())
+    got = held_out(shape, sm.model, test)
+    if shape.lower_is_better:
+        assert got <= keras_metric * MAE_RATIO, f"{name} via {engine}: held-out {shape.metric} {got:.4f}, Keras {keras_metric:.4f}"
+    else:
+        assert got >= keras_metric - TOLERANCE, f"{name} via {engine}: held-out {shape.metric} {got:.4f}, Keras {keras_metric:.4f}"

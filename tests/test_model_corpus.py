@@ -1,9 +1,12 @@
-"""Users' model shapes (tests/model_corpus.py: fourteen, from public Keras galleries) through every engine.
+"""Users' model shapes (tests/model_corpus.py: thirteen, from public Keras galleries) through averaging and
+allreduce; tests/test_model_corpus_ps.py takes them through the three parameter-server modes (two files, so
+that the suite's two workers share them).
 
 Each shape is trained by single-process Keras and by every engine on ``local[2]`` for the same epochs on
 the same rows (or ``Shape.epoch_multiple`` times the epochs, for the step-limited shapes), and the driver's model
-after the fit is held to Keras' held-out metric: within ``TOLERANCE`` (accuracy) or ``MAE_RATIO`` (regression).
-A combination an engine refuses is a clear error, asserted as such. The variable roles (sparkdl_train.roles) are checked on the preprocessing models.
+after the fit is held to Keras' held-out metric: within ``TOLERANCE`` (accuracy) or ``MAE_RATIO`` (regression)
+(``model_corpus.check_shape_through_engine``). A combination an engine refuses is a clear error, asserted as
+such. Here too: the variable roles on the preprocessing model, the refusals, the advice, the one-liner.
 """
 
 from __future__ import annotations
@@ -13,57 +16,18 @@ import logging
 import keras
 import numpy as np
 import pytest
-from model_corpus import ENGINES, SHAPES, keras_dataset
+from model_corpus import BATCH, ENGINES, EPOCHS, PS_ENGINES, SHAPES, TOLERANCE, check_shape_through_engine, held_out
 
 from sparkdl_train import SparkModel
-from sparkdl_train.errors import ConfigError, DataError
+from sparkdl_train.errors import DataError
 from sparkdl_train.model_io import variable_roles
 from sparkdl_train.roles import Role
 
-EPOCHS = 2
-TRAIN_ROWS, TEST_ROWS, BATCH = 1024, 512, 32
-TOLERANCE = 0.05  # held-out accuracy at most this far below Keras' at the same epochs
-MAE_RATIO = 1.3  # held-out mean absolute error at most this multiple of Keras'
 
-
-@pytest.fixture(scope="module")
-def corpus_data(spark):
-    """Per shape: the training DataFrame (2 partitions), the held-out rows, Keras' held-out metric."""
-    out = {}
-    for name, shape in SHAPES.items():
-        train, test = shape.data(TRAIN_ROWS, 1), shape.data(TEST_ROWS, 2)
-        model = shape.build()
-        model.fit(keras_dataset(shape, train, BATCH, shuffle=True), epochs=EPOCHS, verbose=0)
-        keras_metric = model.evaluate(keras_dataset(shape, test, 256), verbose=0, return_dict=True)[shape.metric]
-        out[name] = (spark.createDataFrame(train).repartition(2), test, keras_metric)
-    return out
-
-
-def _held_out(shape, model, test) -> float:
-    return model.evaluate(keras_dataset(shape, test, 256), verbose=0, return_dict=True)[shape.metric]
-
-
-@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("engine", [e for e in ENGINES if e not in PS_ENGINES])
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_shape_trains_through_engine(corpus_data, name, engine):
-    shape = SHAPES[name]
-    df, test, keras_metric = corpus_data[name]
-    sm = SparkModel(shape.build if shape.builder else shape.build(), **ENGINES[engine])
-    epochs = EPOCHS * shape.epoch_multiple
-    kwargs = dict(epochs=epochs, batch_size=BATCH, feature_cols=shape.feature_cols, label_col=shape.label_col, verbose=0)
-    if engine in shape.refused:
-        with pytest.raises((ConfigError, DataError), match=shape.refused[engine]):
-            sm.fit(df, **kwargs)
-        return
-    history = sm.fit(df, **kwargs)
-    assert len(history.history["loss"]) == epochs and all(np.isfinite(history.history["loss"]))
-    assert sm.stats.epochs[-1].samples == TRAIN_ROWS
-    assert sorted(sm.stats.epochs[-1].partitions) == [0, 1] and all(p["samples"] > 0 for p in sm.stats.epochs[-1].partitions.values())
-    got = _held_out(shape, sm.model, test)
-    if shape.lower_is_better:
-        assert got <= keras_metric * MAE_RATIO, f"{name} via {engine}: held-out {shape.metric} {got:.4f}, Keras {keras_metric:.4f}"
-    else:
-        assert got >= keras_metric - TOLERANCE, f"{name} via {engine}: held-out {shape.metric} {got:.4f}, Keras {keras_metric:.4f}"
+    check_shape_through_engine(corpus_data, name, engine)
 
 
 def test_preprocessing_state_keeps_its_role(corpus_data):
@@ -138,4 +102,4 @@ def test_the_asynchronous_one_liner_trains_a_featurespace_model_from_an_rdd(spar
     model = shape.build()
     history = SparkModel(model, mode="asynchronous").fit(rdd, epochs=EPOCHS, batch_size=BATCH, verbose=0)
     assert len(history.history["loss"]) == EPOCHS
-    assert _held_out(shape, model, test) >= keras_metric - TOLERANCE
+    assert held_out(shape, model, test) >= keras_metric - TOLERANCE
