@@ -86,6 +86,8 @@ def _cloudpickle():
     return cloudpickle
 
 
+# top-level packages whose objects are never the user's own: never discovered as custom objects, always by reference
+_FRAMEWORKS = ("keras", "tensorflow", "tf_keras", "jax", "numpy", "builtins", "sparkdl_train")
 # modules pickled by reference (executors have them): the standard library, installed packages, sparkdl_train
 _INSTALLED = tuple({p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")) if p})
 
@@ -93,7 +95,7 @@ _INSTALLED = tuple({p for p in (sysconfig.get_paths().get(k) for k in ("stdlib",
 def _local_module(name: str) -> bool:
     """Whether module ``name`` is the user's own code (a file beside a notebook or job, not an
     installed package), which executors may not be able to import."""
-    if not name or name == "__main__" or name.split(".")[0] in ("sparkdl_train", "keras", "tensorflow", "jax", "numpy"):
+    if not name or name == "__main__" or name.split(".")[0] in _FRAMEWORKS:
         return False  # __main__ already goes by value
     mod = sys.modules.get(name)
     path = getattr(mod, "__file__", None)
@@ -397,9 +399,6 @@ def build_with(builder: Any, build_batch: Any = None) -> Any:
     return model
 
 
-_FRAMEWORKS = ("keras", "tensorflow", "tf_keras", "jax", "numpy", "builtins", "sparkdl_train")
-
-
 def _outside_keras(obj: Any) -> bool:
     module = getattr(obj, "__module__", "") or ""
     return module.split(".")[0] not in _FRAMEWORKS
@@ -536,7 +535,7 @@ def serialize_builder(builder: Any, model: Any, custom_objects: dict[str, Any] |
     except Exception as exc:  # noqa: BLE001
         raise ModelError(f"the model-building function cannot be shipped: {type(exc).__name__}: {exc}") from exc
     _check_same_layout(model, clone, compare_values=False, how="built again by the model-building function")
-    _rebuilt.add((payload.digest, True))
+    _remember_rebuilt((payload.digest, True))
     return payload
 
 
@@ -565,9 +564,7 @@ def serialize_model(model: Any, custom_objects: dict[str, Any] | None = None, sa
             f"load it: {type(exc).__name__}: {exc}\nFor Lambda layers pass safe_mode=False (their code is shipped by value)."
         ) from exc
     _check_same_layout(model, clone)
-    if len(_rebuilt) >= _MAX_REBUILT:
-        _rebuilt.clear()
-    _rebuilt.add((payload.digest, safe_mode))
+    _remember_rebuilt((payload.digest, safe_mode))
     log.debug("serialized model %s: %d bytes, custom objects %s", model.name, len(archive), sorted(objs))
     return payload
 
@@ -577,6 +574,13 @@ def serialize_model(model: Any, custom_objects: dict[str, Any] | None = None, sa
 # notebook cell run twice) skips the driver's rebuild (0.05 s on a small CTR model)
 _rebuilt: set[tuple[str, bool]] = set()
 _MAX_REBUILT = 64
+
+
+def _remember_rebuilt(key: tuple[str, bool]) -> None:
+    """Record an architecture (or building function) proven on the driver, the set kept bounded."""
+    if len(_rebuilt) >= _MAX_REBUILT:
+        _rebuilt.clear()
+    _rebuilt.add(key)
 
 
 def _check_same_layout(model: Any, clone: Any, compare_values: bool = True, how: str = "rebuilt from its config") -> None:
