@@ -5,7 +5,7 @@ compiled metrics from a data batch, compute the loss exactly as ``train_step`` d
 tracker included) in a split gradient step, map a functional model's input names, walk a layer's
 inbound nodes, or tell a learning-rate schedule from a constant. Each use goes through a helper
 here, with the public fallback where there is one; :func:`missing` lists the attributes a given
-Keras no longer has, and ``tests/test_compat.py`` fails naming them when an upgrade removes one.
+Keras no longer has, and ``tests/unit/test_compat.py`` fails naming them when an upgrade removes one.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ text (:func:`classify`); everything else decides on the :class:`Cause` it return
 or a :class:`~sparkdl_train.errors.WorkerError` carrying the cause, and the allreduce engine
 re-runs an epoch only when :class:`FailurePolicy` says the cause is a lost rank. The
 patterns are checked against error texts produced by this Spark version in
-``tests/test_failures.py`` (live jobs on ``local[2]``; the killed-worker texts in the
+``tests/spark/test_failures.py`` (live jobs on ``local[2]``; the killed-worker texts in the
 ``local-cluster`` fault tests).
 """
 

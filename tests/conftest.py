@@ -1,5 +1,21 @@
+"""Shared fixtures and the suite's layout.
+
+tests/unit      pure: no Spark, no JVM (numpy, Keras, sockets on loopback)
+tests/spark     on this session's local[2] SparkSession, or local Spark in a process of its own
+tests/cluster   local-cluster, standalone Master and Workers, spark-submit: marked slow by this folder
+tests/elephas   Elephas' own tests against the drop-in
+tests/support   modules the tests and scripts import (helpers, models, the model corpus, README blocks)
+tests/scripts   programs the tests start in processes of their own (spark-submit jobs, clients, checks)
+"""
+
 import os
 import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# every process the tests start imports the checkout's bench package, tests/support and tests/scripts as the tests do
+# (pyproject.toml's pythonpath); the standalone daemons get a minimal environment of their own
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [os.path.dirname(_HERE), os.path.join(_HERE, "support"), os.path.join(_HERE, "scripts")] + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
 # Executors must run this interpreter (it has keras); set before any JVM starts.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -7,11 +23,20 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import pytest
-from helpers import REFERENCE_EPOCHS, ROOT, TEST_JVM_OPTIONS, digits_split, make_mlp
+import pytest  # noqa: E402 - after the environment above
+from helpers import REFERENCE_EPOCHS, ROOT, TEST_JVM_OPTIONS, digits_split, make_mlp  # noqa: E402
 
 if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):  # inherited by every JVM started from here
     os.environ["JAVA_TOOL_OPTIONS"] = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {TEST_JVM_OPTIONS}".strip()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Everything under tests/cluster is slow (it runs in .ci/run's second suite, `./run test -m slow`)."""
+    cluster = os.path.join(_HERE, "cluster") + os.sep
+    for item in items:
+        if str(item.path).startswith(cluster):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -121,7 +146,7 @@ def mlp():
 
 @pytest.fixture(scope="module")
 def corpus_data(spark):
-    """Users' model shapes' data and Keras' held-out metric for each (tests/model_corpus.py), per module."""
-    import model_corpus
+    """Users' model shapes' data and Keras' held-out metric for each (bench/workloads/corpus.py), per module."""
+    from bench.workloads import corpus as model_corpus
 
     return model_corpus.corpus_frames(spark)

@@ -2,16 +2,16 @@
 
 Everything backend-specific on an executor sits behind the small interface below, one module
 per backend: :mod:`.tensorflow` (the default) and :mod:`.jax`. No other module imports
-``tensorflow`` or ``jax`` (``tests/test_imports.py`` keeps it so). A fit trains on the backend
+``tensorflow`` or ``jax`` (``tests/unit/test_imports.py`` keeps it so). A fit trains on the backend
 of the driver's model (``keras.backend.backend()``); the executors' Python workers are started
-with ``KERAS_BACKEND`` set to it (:func:`sparkdl_train.driver.session.executor_backend`), and
+with ``KERAS_BACKEND`` set to it (:func:`sparkdl_train.driver.shared_refs.executor_backend`), and
 the preflight check fails a fit whose executors run another one.
 
 A backend module provides:
 
-``NAME``, ``COMPILES_PER_SHAPE``
-    The backend's name; whether its compiled steps are per input shape (JAX: a pass runs a short
-    last group batch by batch instead of compiling its size).
+``NAME``, ``CAPABILITIES``
+    The backend's name and what it can do (:class:`Capabilities`, declared below for every backend
+    so that the driver and the worker daemon read them without importing the framework).
 ``import_framework()``
     Import the framework; returns the seconds it took (0.0 when already imported).
 ``configure_threads(threads)``
@@ -28,7 +28,7 @@ A backend module provides:
     ``sparse`` tables' gradients handed over as rows (both).
 ``variable_io(model, dense, tables)``
     Compiled read and assign of every dense weight (one flat vector) and some table rows, for
-    parameter-server pushes (:mod:`sparkdl_train.worker.sparse`): ``read(ids, scale)`` gives the rows
+    parameter-server pushes (:mod:`sparkdl_train.worker.row_sync`): ``read(ids, scale)`` gives the rows
     less their delta bases (the rows as last pulled, kept beside the tables on their device),
     ``write(flat, ids, rows)`` sets rows of the tables and of their bases, ``rebase()`` makes the
     tables as they are the bases; ``None`` where the eager path serves.
@@ -48,12 +48,76 @@ from __future__ import annotations
 
 import importlib
 import os
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any, Iterator, Protocol
 
 from ..errors import ConfigError
 
 SUPPORTED = ("tensorflow", "jax")
 DEFAULT = "tensorflow"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; callers ask these instead of testing framework names."""
+
+    framework: str
+    """The module a worker imports to run it (the executors' preflight checks it is there)."""
+    compiles_per_shape: bool
+    """Compiled steps are per input shape: a pass runs a short last group batch by batch instead of compiling its size."""
+    preload_before_fork: bool
+    """The worker daemon may import the framework before forking workers (JAX starts threads: not fork-safe)."""
+    gradient_buckets: bool
+    """The fused step hands gradient buckets to the ring while the backward pass runs (``allreduce.bucketBytes``)."""
+    xla_collectives: bool
+    """Ranks can run as one multi-process XLA program (``allreduce.collectives='xla'``)."""
+    buckets_refused: str = ""
+    """Why ``gradient_buckets`` is False, for the error a fit raises before any job."""
+
+
+CAPABILITIES = {
+    "tensorflow": Capabilities(framework="tensorflow", compiles_per_shape=False, preload_before_fork=True,
+                               gradient_buckets=True, xla_collectives=False),
+    "jax": Capabilities(
+        framework="jax", compiles_per_shape=True, preload_before_fork=False, gradient_buckets=False, xla_collectives=True,
+        buckets_refused=("allreduce.bucketBytes (gradient buckets reduced while the backward pass runs) needs a backend "
+                         "whose step hands gradients over during the backward pass (TensorFlow): on JAX the jitted step is one "
+                         "XLA program that hands nothing back before it ends. Leave bucketBytes at 0 on JAX (XLA's own "
+                         "collectives, allreduce.collectives='xla', are the route there)")),
+}
+
+
+def capabilities(name: str | None = None) -> Capabilities:
+    """The declared capabilities of backend ``name`` (default: this process's Keras backend), without importing it."""
+    return CAPABILITIES[check_supported(name if name is not None else keras_backend())]
+
+
+class Backend(Protocol):
+    """The interface every backend module provides (``tests/unit/test_backend_interface.py`` checks both)."""
+
+    NAME: str
+    CAPABILITIES: Capabilities
+    FusedStep: type
+
+    def import_framework(self) -> float: ...
+    def configure_threads(self, threads: int) -> int: ...
+    def compiled_step(self, model: Any, kind: str, batch: Any, stats: dict | None = None, grouped: bool = False) -> Any: ...
+    def traces(self, model: Any, kind: str, grouped: bool = False) -> int: ...
+    def instantiate(self, model: Any, kind: str, batch: Any, sizes: tuple[int, ...] = (1,)) -> bool: ...
+    def eager_test_step(self, model: Any, batch: Any) -> None: ...
+    def variable_io(self, model: Any, dense: list[int], tables: list[int]) -> Any: ...
+    def scatter_rows(self, variable: Any, ids: Any, rows: Any) -> None: ...
+    def read_values(self, variables: list[Any]) -> list[Any]: ...
+    def assign_values(self, variables: list[Any], arrays: list[Any]) -> None: ...
+    def gpu_count(self) -> int: ...
+    def device_name(self, ordinal: int | None) -> str: ...
+    def device_scope(self, device: str) -> Iterator[None]: ...
+    def device_of(self, variable: Any) -> str: ...
+
+
+INTERFACE = tuple(n for n in Backend.__annotations__) + tuple(
+    n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_"))
 
 
 def check_supported(name: str) -> str:

@@ -62,10 +62,10 @@ class FusedLayout:
     then the rank's weight (``size`` floats). ``sparse``: ``(position in model.weights, the most rows
     one batch looks up)`` of each embedding table whose gradient leaves by rows instead
     (``allreduce.sparseGradients``): they are not in the vector; ``tables`` gives their shapes
-    (:class:`sparkdl_train.allreduce.sparse.TableShape`)."""
+    (:class:`sparkdl_train.allreduce.row_gather.TableShape`)."""
 
     def __init__(self, model: Any, batch_size: int, sparse: Sequence[tuple[int, int]] = ()):
-        from ..allreduce.sparse import TableShape
+        from ..table_rows import TableShape
 
         most = [int(m) for _, m in sparse]
         sparse = [int(i) for i, _ in sparse]

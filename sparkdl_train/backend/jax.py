@@ -29,18 +29,15 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .. import _compat
-from ..data.batching import Batch, tree_leaves, tree_map, zero_rows
 from ..errors import ConfigError
+from ..trees import Batch, tree_leaves, tree_map, zero_rows
+from . import capabilities
 from .flat import FlatLayout, FusedLayout, first_input
 
 NAME = "jax"
-# allreduce.bucketBytes: a jitted step is one XLA program, which hands nothing over before it returns
-BUCKETS_REFUSED = ("allreduce.bucketBytes (gradient buckets reduced while the backward pass runs) needs the TensorFlow "
-                   "backend: on JAX the jitted step is one XLA program that hands nothing back before it ends. Leave "
-                   "bucketBytes at 0 on JAX (docs/scaling.md: XLA's own collectives are the route there)")
-# XLA compiles an executable per input shape: a pass runs a short last group batch by batch
-# (sparkdl_train.worker.steps.run_steps) rather than compiling its size
-COMPILES_PER_SHAPE = True
+# XLA compiles an executable per input shape (a pass runs a short last group batch by batch); a jitted
+# step is one XLA program, which hands no gradient bucket over before it returns
+CAPABILITIES = capabilities(NAME)
 _ATTRIBUTE = "_sparkdl_train_jax_steps"
 
 
@@ -139,7 +136,7 @@ def _default_device() -> Any:
 
 #: Whether large device-to-host copies (a model's state read for the driver, the allreduce's
 #: fused gradient vector) land in pinned (page-locked) host memory: ``None`` (the default) where the
-#: platform has it, ``False`` never. On an H200 (2026-11-27, ``bench/gpu_check.py``): the flagship
+#: platform has it, ``False`` never. On an H200 (2026-11-27, ``bench/gpu/check.py``): the flagship
 #: model's 108 MB state in 3.9 ms against 25 ms through pageable memory, the averaging task's pass
 #: at batch 4096 0.85x the time. Writes were measured too and gained nothing (9.7 against 9.1 ms):
 #: host-to-device copies stay plain.
@@ -186,7 +183,7 @@ def _to_device(arrays: list[np.ndarray]) -> list[Any]:
     caller's (who may reuse them). On the CPU, ``jax.device_put`` keeps a 64-byte-aligned numpy
     buffer as the array's storage even with ``may_alias=False`` (JAX 0.10): JAX gets a private
     copy there. That aliasing, by the alignment of whatever buffer the ring or a receive had, was
-    the cause of the allreduce's occasional NaN rank (tests/jax_aliasing.py)."""
+    the cause of the allreduce's occasional NaN rank (tests/scripts/jax_aliasing.py)."""
     import jax
 
     device = _default_device()
@@ -325,7 +322,7 @@ class FusedStep(FusedLayout):
     step hands back only its rows that are not zero (``jnp.nonzero`` with the table's bound on a
     batch's rows as its static size: the rows the batch looked up, less any whose gradient is exactly
     zero, which add nothing), so the host reads those instead of the table. The apply adds every
-    rank's rows once combined on the host (:func:`sparkdl_train.allreduce.sparse.combine`: each id
+    rank's rows once combined on the host (:func:`sparkdl_train.table_rows.combine`: each id
     once, so the device's scatter has no repeated index to order), padded to a power of two so that
     a handful of executables serve every step."""
 
@@ -334,7 +331,7 @@ class FusedStep(FusedLayout):
         import jax.numpy as jnp
 
         if bucket_bytes:
-            raise ConfigError(BUCKETS_REFUSED)
+            raise ConfigError(CAPABILITIES.buckets_refused)
         super().__init__(model, batch_size, sparse)
         self.bucket_bounds: list = []
         offsets = np.cumsum([0, *self.sizes])
@@ -424,7 +421,7 @@ class FusedStep(FusedLayout):
 
     def apply(self, summed: np.ndarray, tables: Any = ()) -> None:
         """Apply the summed vector and, per sparse table, every rank's ``(ids, rows)`` (rank order)."""
-        from ..allreduce.sparse import combine
+        from ..table_rows import combine
 
         self.check_tables(tables)
         padded = []
@@ -494,7 +491,7 @@ class VariableIO(FlatLayout):
         self._read = jax.jit(read)
         # on an accelerator the old tables and bases are given up: no copy of a whole table per reply. On the
         # CPU nothing is (numpy views of a table's old value may live on; giving up the bases alone was
-        # measured slower there: bench/ps_push.py, 25-27 ms against 38-41 ms a push of 1M-row tables)
+        # measured slower there: bench/ps/push.py, 25-27 ms against 38-41 ms a push of 1M-row tables)
         self._write = jax.jit(write, donate_argnums=(0, 1) if _donate() else ())
         self._copy = jax.jit(lambda xs: [jnp.copy(x) for x in xs])
         self._bases: list[Any] = []  # set by rebase(), which a TableSync calls before its first push

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from .. import _compat
-from ..data.batching import tree_map
 from ..roles import merged, role
+from ..trees import tree_map
 from .flat import first_input
 
 AXIS = "ranks"
@@ -173,7 +173,7 @@ class CollectiveStep:
     # -- a step ------------------------------------------------------------------------------
     def padded(self, batch: tuple | None, template: tuple) -> tuple[tuple, int]:
         """``batch`` (or, out of data, ``template``'s zeros) padded to ``batch_size`` rows, and its real rows."""
-        from ..data.batching import zero_rows
+        from ..trees import zero_rows
 
         b = self.batch_size
         if batch is None:

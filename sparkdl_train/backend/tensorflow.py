@@ -13,11 +13,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .. import _compat
-from ..data.batching import Batch, tree_leaves, tree_map
+from ..trees import Batch, tree_leaves, tree_map
+from . import capabilities
 from .flat import FlatLayout, FusedLayout, first_input
 
 NAME = "tensorflow"
-COMPILES_PER_SHAPE = False  # one traced graph, its batch and group dimensions open
+CAPABILITIES = capabilities(NAME)  # one traced graph, its batch and group dimensions open
 _ATTRIBUTE = "_sparkdl_train_compiled_steps"  # on the model itself: a cached model keeps its traces
 _memory_growth_set = False
 
@@ -304,7 +305,7 @@ class VariableIO(FlatLayout):
     vector, so a call converts one array, not one per weight (each conversion costs Python
     0.06 ms). Built once per model and per split of its weights (the worker keeps the model
     between tasks), or ``None`` where the weights are not TensorFlow variables or the dense ones
-    differ in dtype (then the eager path of :mod:`sparkdl_train.worker.sparse` runs)."""
+    differ in dtype (then the eager path of :mod:`sparkdl_train.worker.row_sync` runs)."""
 
     def __init__(self, dense: list[Any], tables: list[Any], id_dtypes: list[Any], dtype: Any):
         import tensorflow as tf

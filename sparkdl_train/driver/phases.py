@@ -1,6 +1,6 @@
 """Where a fit's wall time goes: named phases timed on the driver, and the startup costs each
 task reports from its executor (``FitStats.phases``, ``EpochStats.phases``,
-``FitStats.fixed_costs()``; ``bench/fixed_cost.py`` prints them)."""
+``FitStats.fixed_costs()``; ``bench/e2e/fixed_cost.py`` prints them)."""
 
 from __future__ import annotations
 

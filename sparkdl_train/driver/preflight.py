@@ -38,7 +38,9 @@ MODULES = ("sparkdl_train", "keras", "tensorflow")  # with the TensorFlow backen
 
 
 def modules_for(keras_backend: str) -> tuple[str, ...]:
-    return ("sparkdl_train", "keras", "jax" if keras_backend == "jax" else "tensorflow")
+    from ..backend import capabilities
+
+    return ("sparkdl_train", "keras", capabilities(keras_backend).framework)
 ALSO = {"sparkdl_train": ("sparkdl_train.worker.tasks",)}
 FIX = (
     "Ship the driver's environment to the executors: build it with `./run pack` (sparkdl_env.tar.gz, a regular "

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import net
-from ..serving import AuthServer
+from ..net.server import AuthServer
 
 MAX_JOIN_BYTES = 16384
 MAX_MESSAGE_CHARS = 4096  # one rank's message: its address and token (JSON)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import net
-from ..serving import AuthServer
+from ..net.server import AuthServer
 
 MAX_REPORT_BYTES = 65536
 

@@ -34,7 +34,7 @@ from .preflight import PendingCheck
 from .prepare import PendingPrepare, remember_sample, start_prepare
 from .progress import FitProgress
 from .registration import on_cluster, wait_for_executors
-from .session import SharedRefs
+from .shared_refs import SharedRefs
 from .spark_conf import conf_values, settings_conf
 from .stats import EpochStats, FitStats
 

@@ -5,7 +5,7 @@ type and gets the server's weights back in it: half the bytes each way. The serv
 weights in their own type (float32) and adds a delta widened exactly; a worker widens a reply back
 exactly, so its copy of the weights is the server's rounded to the wire's type, and its next delta is
 taken against that copy. ``bf16`` travels as the top 16 bits of float32 (``uint16`` arrays, rounded to
-nearest even as :func:`sparkdl_train.allreduce.ring.to_bf16`); ``fp16`` as numpy's float16. Ids and
+nearest even as :func:`sparkdl_train.halfwidth.to_bf16`); ``fp16`` as numpy's float16. Ids and
 other integer arrays travel as they are.
 """
 
@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..allreduce.ring import BF16, _Wire
+from ..halfwidth import BF16, Codec
 from ..net.framing import ProtocolError
 
 WIRES = ("fp16", "bf16")
 
 
-def _wire(wire: str, dtype: np.dtype) -> _Wire:
+def _wire(wire: str, dtype: np.dtype) -> Codec:
     """The ring's own conversions for ``wire``, from and into arrays of ``dtype`` (bfloat16: float32)."""
-    return _Wire(np.dtype(np.float32) if wire == "bf16" else np.dtype(dtype), BF16 if wire == "bf16" else np.float16)
+    return Codec(np.dtype(np.float32) if wire == "bf16" else np.dtype(dtype), BF16 if wire == "bf16" else np.float16)
 
 
 def wire_of(meta: dict) -> str | None:

@@ -3,7 +3,7 @@
 ``table[ids] += rows`` and ``table[ids]`` go through numpy's general (n-dimensional) fancy
 indexing, about 87 ns per 36-byte row for the apply and the reply's gather on this project's CI
 machine. ``np.take`` along axis 0, an in-place add and ``np.put`` on a view of the table as one
-opaque item per row do the same work in about 30 ns (``bench/ps_rows.py`` measures both ways).
+opaque item per row do the same work in about 30 ns (``bench/ps/rows.py`` measures both ways).
 Both release the interpreter's lock while they copy, so applies to different tables (or shards)
 run in parallel on a driver with free cores; what serialises them is the server's own lock.
 """

@@ -1,5 +1,5 @@
 """The parameter server's network side, run inside the driver for one ``fit``
-(an :class:`~sparkdl_train.serving.AuthServer` serving PULL/PUSH/DONE frames)."""
+(an :class:`~sparkdl_train.net.server.AuthServer` serving PULL/PUSH/DONE frames)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import socket
 
 from .. import net
-from ..serving import AuthServer
+from ..net.server import AuthServer
 from . import protocol as P
 from .state import RoundTimeout, ServerState
 

@@ -36,13 +36,13 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .. import _compat
-from ..allreduce import ring
-from ..allreduce import sparse as sparse_ring
+from ..allreduce import ring, row_gather
 from ..allreduce.barrier import BarrierGroup, DriverGroup, RendezvousSettings, SingleGroup
 from ..allreduce.buckets import BucketRing
 from ..allreduce.transport import Group, PeerAborted, rendezvous
 from ..data.batching import Batch, num_rows
 from ..errors import RankError, SparkDLError  # RankError: also this module's name for it
+from ..halfwidth import BF16
 from ..merge import Partial, WeightedMean
 from ..model_io import assign, get_metric_state, get_state, set_state, variable_roles
 from ..net.tls import TlsIdentity
@@ -50,7 +50,7 @@ from ..roles import is_numeric_mergeable, merged
 from .fused_step import cached_fused_step
 from .replay import Replay
 from .report import ReportSettings
-from .sparse import SparseTable, TouchCounts
+from .row_sync import SparseTable, TouchCounts
 from .tasks import PartitionPass, Ref, StepSettings, on_task_device
 
 
@@ -157,7 +157,7 @@ class AllreduceTrainTask:
         if r.average == "state":
             return self._train_local(run, chunks, link, rank, size, broadcast)
         base_lr = _scale_lr(model, lr_factor(r.lr_scaling, size))
-        wire = {"fp16": np.float16, "bf16": ring.BF16}.get(r.compression)
+        wire = {"fp16": np.float16, "bf16": BF16}.get(r.compression)
 
         sent = _link_bytes(link)  # this epoch's bytes are counted from here
         comm = _start_from_rank_0(run, link, rank, size, broadcast)
@@ -205,7 +205,7 @@ class AllreduceTrainTask:
                 if step.tables:  # every rank's touched rows, after the vector (the buckets' thread is done with the link)
                     mine = step.touched if batch is not None else step.untouched()  # out of data: no rows
                     touched_rows += sum(len(ids) for ids, _ in mine)
-                    tables = sparse_ring.exchange(step.tables, mine, link, rank, size, wire)
+                    tables = row_gather.exchange(step.tables, mine, link, rank, size, wire)
                 comm += time.perf_counter() - t0
                 step.apply(buf, tables)
                 global_steps += 1

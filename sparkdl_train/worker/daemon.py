@@ -46,13 +46,16 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
     # the Keras backend this daemon's workers run (spark.executorEnv.KERAS_BACKEND, or the
     # KERAS_BACKEND sparkdl_train gives its own stages)
     if modules is PRELOAD:
-        if os.environ["KERAS_BACKEND"] == "jax":
+        from ..backend import CAPABILITIES  # declared without importing any framework
+
+        can = CAPABILITIES.get(os.environ["KERAS_BACKEND"], CAPABILITIES["tensorflow"])
+        if not can.preload_before_fork:
             # JAX is not fork-safe once imported (it starts threads): a worker forked from a daemon
             # that imported it (or Keras on it) computed NaN in one allreduce rank. JAX workers
             # import it themselves; the daemon preloads only the Arrow and Spark side
             modules = tuple(m for m in modules if m.split(".")[0] in ("pyarrow", "pandas", "pyspark"))
         else:
-            modules = ("tensorflow", *modules)
+            modules = (can.framework, *modules)
     failed = []
     sys.stdout.flush()
     saved = os.dup(1)

@@ -20,7 +20,7 @@ batch's signature with any number of rows), ``gradients(batch, out, ready=None) 
 left out of the vector; :meth:`FusedStep.gradients` leaves its gradient in ``touched`` as the ids
 the batch looked up (each once; TensorFlow's gradient of a lookup is those rows, JAX's step keeps the
 rows of its dense gradient that are not zero) and their weighted rows, which
-:mod:`sparkdl_train.allreduce.sparse` gathers from every rank, and :meth:`FusedStep.apply` adds every
+:mod:`sparkdl_train.allreduce.row_gather` gathers from every rank, and :meth:`FusedStep.apply` adds every
 rank's rows into the table's gradient in rank order: the dense exchange's gradient, for the bytes
 of the rows touched.
 

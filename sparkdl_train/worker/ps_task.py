@@ -1,7 +1,7 @@
 """Executor side of the parameter-server engine: train a partition, pushing deltas.
 
 Dense weights travel whole; embedding tables named in :class:`PSSettings`
-travel by rows (:mod:`sparkdl_train.worker.sparse`).
+travel by rows (:mod:`sparkdl_train.worker.row_sync`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..model_io import get_metric_state
 from ..net.tls import TlsIdentity
 from ..ps.client import PSClient
 from .report import ReportSettings
-from .sparse import Lookahead, SparseTable, TableSync
+from .row_sync import Lookahead, SparseTable, TableSync
 from .steps import run_steps
 from .tasks import PartitionPass, Ref, StepSettings, on_task_device
 

@@ -93,7 +93,7 @@ def task_identity() -> dict[str, Any]:
     (:mod:`.identity`: where the driver cannot ask Spark). Empty values outside Spark."""
     try:
         from pyspark import TaskContext
-    except ImportError:  # the executor's code driven without Spark (bench/gpu_check.py on a machine without pyspark)
+    except ImportError:  # the executor's code driven without Spark (bench/gpu/check.py on a machine without pyspark)
         return {"attempt": 0, "stage": None, "task": None}
     from .identity import executor_id
 

@@ -38,7 +38,7 @@ from ..background import SparkCall
 from ..connect import check_reachable, is_connect
 from ..executors import locate
 from ..rendezvous import RendezvousServer
-from ..sparse import find_tables, gradient_tables
+from ..sparse_tables import find_tables, gradient_tables
 from ..stats import EpochStats
 from .base import Engine, EpochContext, Launch, driver_host, run_epoch
 from .slots import barrier_slots, check_barrier_launch
@@ -91,12 +91,13 @@ class AllreduceEngine(Engine):
 
     @classmethod
     def plan(cls, config: EngineConfig, sc: Any, train: DataAdapter) -> Launch:
-        if cls.step == "fused" and config.allreduce.bucket_bytes and keras_backend() != "tensorflow":
-            raise ConfigError(backend.module("jax").BUCKETS_REFUSED)  # before any job
-        if config.allreduce.collectives == "xla" and keras_backend() != "jax":
-            raise ConfigError(f"collectives='xla' runs the ranks as one JAX job: the model must be built with the JAX "
-                              f"backend (KERAS_BACKEND=jax), not {keras_backend()!r}; collectives='ring' works with every "
-                              "backend")
+        can = backend.capabilities()
+        if cls.step == "fused" and config.allreduce.bucket_bytes and not can.gradient_buckets:
+            raise ConfigError(can.buckets_refused)  # before any job
+        if config.allreduce.collectives == "xla" and not can.xla_collectives:
+            raise ConfigError(f"collectives='xla' runs the ranks as one XLA program: the model must be built with a backend "
+                              f"that has XLA's collectives (KERAS_BACKEND=jax), not {keras_backend()!r}; collectives='ring' "
+                              "works with every backend")
         if sc is None:  # in-process arrays: one rank
             return Launch(workers=config.num_workers or train.num_partitions(), barrier=True)
         workers = config.num_workers or barrier_slots(sc)

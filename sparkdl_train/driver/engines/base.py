@@ -53,7 +53,7 @@ from ..connect import client_address, is_connect
 from ..executors import locate
 from ..monitor import FitMonitor
 from ..phases import Phases
-from ..session import SharedRefs
+from ..shared_refs import SharedRefs
 from ..spark_conf import conf_values
 from ..stats import EpochStats
 

@@ -4,7 +4,7 @@ A parameter server runs in the driver for the whole fit; workers pull weights, t
 weight deltas every N steps (or once per partition); the server merges them by the mode's rule
 (:mod:`sparkdl_train.ps.state`). Embedding tables fed by a model input travel by rows: a worker
 pushes the rows its batches touched and pulls the rows its next batches look up
-(:mod:`sparkdl_train.worker.sparse`).
+(:mod:`sparkdl_train.worker.row_sync`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ...ps.server import ParameterServer
 from ...ps.state import ServerState
 from ...worker.ps_task import PSSettings, PSTrainTask, local_weights
 from ...worker.steps import largest_divisor
-from ..sparse import find_tables
+from ..sparse_tables import find_tables
 from ..stats import EpochStats
 from .base import Engine, EpochContext, Launch, driver_host, run_epoch
 from .slots import check_concurrent_slots

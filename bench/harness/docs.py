@@ -1,0 +1,320 @@
+"""The figures of the README and docs/, rendered from bench/results/*.json: one source for every figure.
+
+A page holds each table between two markers::
+
+    <!-- figures:e2e_ctr -->
+    ... rendered here ...
+    <!-- /figures:e2e_ctr -->
+
+``python -m bench.harness.docs`` re-renders every marked table in README.md and docs/ from the result
+files; ``--check`` only reports the pages that differ (tests/unit/test_docs_figures.py runs it). Prose
+states no measured figure of its own: it points at these tables (the same test looks for strays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import sys
+from typing import Any, Callable
+
+from . import results
+
+MARK = re.compile(r"<!-- figures:(?P<name>[a-z0-9_]+) -->\n(?P<body>.*?)<!-- /figures:(?P=name) -->", re.S)
+RENDERERS: dict[str, Callable[[], str]] = {}
+
+
+def figure(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
+    def register(fn: Callable[[], str]) -> Callable[[], str]:
+        RENDERERS[name] = fn
+        return fn
+
+    return register
+
+
+def source(*names: str) -> str:
+    """The line under a table that says where its figures come from."""
+    parts = []
+    for name in names:
+        r = results.load(name)
+        how = f"`{r['command']}`" if r.get("command") else "command not recorded"
+        parts.append(f"[{name}.json](../bench/results/{name}.json): {how}, commit {r.get('commit', 'unrecorded')}, {r['date']}, "
+                     f"{r.get('machine', 'machine not recorded')}" + (f"; {r['note']}" if r.get("note") else ""))
+    return "Source: " + "; ".join(parts) + "."
+
+
+def table(columns: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def block(caption: str, columns: list[str], rows: list[list[Any]], *names: str) -> str:
+    """A caption, its table and the line naming the result files it came from."""
+    return "\n".join([caption, "", table(columns, rows), "", source(*names)])
+
+
+def x(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}x"
+
+
+# -- end to end ----------------------------------------------------------------------------------------
+
+
+def _e2e_rows() -> tuple[dict, list[list[Any]]]:
+    r = results.load("e2e_ctr")
+    keras = r["runs"][0]
+    best = max(keras["epoch_val_auc"])
+    rows = []
+    for run in r["runs"]:
+        reached = max(run.get("epoch_val_auc") or [run["test_auc"]]) / best
+        rows.append([run["name"].replace(" local", ""), run["workers"], f"{run['samples_per_second']:,.0f}",
+                     x(run["samples_per_second"] / keras["samples_per_second"]), f"{run['test_auc']:.4f}", f"{reached:.1%}"])
+    return r, rows
+
+
+@figure("e2e_ctr")
+def e2e_ctr() -> str:
+    r, rows = _e2e_rows()
+    caption = (f"DeepFM on {r['rows']:,} generated CTR rows (Bayes-optimal test AUC {r['bayes_auc']:.4f}), {r['epochs']} epochs, "
+               f"batch {r['batch_size']}, `local[{r['cores']}]`; steady-state samples/s against single-process `model.fit` in the "
+               "same run.")
+    return block(caption, ["run", "workers", "samples/s", "vs Keras", "test AUC", "best held-out AUC vs Keras'"], rows, "e2e_ctr")
+
+
+@figure("fixed_cost")
+def fixed_cost() -> str:
+    r = results.load("fixed_cost")
+    rows = [[name, x(ratio), (f"{r['targets'][name]}x" if name in r.get("targets", {}) else "")] for name, ratio in r["ratios"].items()]
+    caption = (f"A whole fit's wall time against Keras' first epoch ({r['keras_first_epoch_s']:.2f} s, {r['rows']:,} rows, batch "
+               f"{r['batch_size']}), each configuration in a fresh session.")
+    return block(caption, ["fit", "vs Keras' first epoch", "target"], rows, "fixed_cost")
+
+
+@figure("time_to_target")
+def time_to_target() -> str:
+    r = results.load("time_to_target")
+    rows = [[m["mode"], x(m["low"]), x(m["high"]), x(m.get("median"))] for m in r["modes"]]
+    caption = f"Time to 99% of single-process Keras' best held-out AUC, Elephas {r['elephas']} over sparkdl_train, {r['runs']} runs."
+    return block(caption, ["mode", "lowest", "highest", "median"], rows, "time_to_target")
+
+
+@figure("flagship_job")
+def flagship_job() -> str:
+    r = results.load("flagship_job")
+    rows = [[j["rows"], j["epochs"], j["engine"], f"{j['test_auc']:.4f}", f"{r['bayes_auc']:.4f}", f"{r['bayes_auc'] - j['test_auc']:.3f}"]
+            for j in r["runs"]]
+    return block("Test AUC of the planted-model data's held-out rows.", ["rows", "epochs", "engine", "test AUC", "Bayes-optimal AUC", "gap"],
+                 rows, "flagship_job")
+
+
+@figure("image_pipeline")
+def image_pipeline() -> str:
+    r = results.load("image_pipeline")
+    names = {"arrays": "pre-decoded arrays", "png": "PNG bytes, decoded on the executors", "png-2t": "PNG bytes, 2 transform threads"}
+    rows = [[names.get(k, k), f"{v['images_per_s']:,.0f}", x(v["ratio_to_arrays"])] for k, v in r["results"].items()]
+    caption = (f"{r['images']:,} images, {r['workers']} workers, {r['mode']}, batch {r['batch_size']}, {r['epochs']} epochs, median "
+               f"of {r['repeats']} interleaved rounds.")
+    return block(caption, ["variant", "images/s", "vs pre-decoded"], rows, "image_pipeline")
+
+
+@figure("elephas_side_by_side")
+def elephas_side_by_side() -> str:
+    r = results.load("elephas_side_by_side")
+    rows = [[m["mode"], f"{m['elephas_s']:.1f} s", f"{m['sdt_s']:.1f} s", f"{m['elephas_accuracy']:.3f}", f"{m['sdt_accuracy']:.3f}"]
+            for m in r["modes"]]
+    caption = f"{r['rows']:,} rows, {r['epochs']} epochs, batch {r['batch_size']}, {r['workers']} workers; held-out accuracy."
+    return block(caption, ["mode", "Elephas fit", "sparkdl_train.elephas fit", "Elephas accuracy", "sparkdl_train accuracy"], rows,
+                 "elephas_side_by_side")
+
+
+@figure("model_epochs")
+def model_epochs() -> str:
+    from bench.e2e.model_epochs import render_table
+
+    return render_table(results.load("model_epochs")) + "\n\n" + source("model_epochs")
+
+
+# -- parts ---------------------------------------------------------------------------------------------
+
+
+@figure("tls_cost")
+def tls_cost() -> str:
+    r = results.load("tls_cost")
+    rows = [[t["transport"], f"{t['mb']:g}", f"{t['plain_s']:.4f}", f"{t['tls_s']:.4f}", x(t["tls_s"] / t["plain_s"]),
+             f"{t['tls_mb_per_s']:,.0f}"] for t in r["rows"]]
+    caption = f"Best of {r['rounds']} alternations of the median of {r['reps']} repetitions each."
+    return block(caption, ["transport", "MB", "plaintext s", "TLS s", "TLS / plaintext", "TLS MB/s"], rows, "tls_cost")
+
+
+@figure("ps_push")
+def ps_push() -> str:
+    r = results.load("ps_push")
+    rows = []
+    for row in r["rows"]:
+        c, e = row["compiled"], row["eager"]
+        rows.append([f"{row['vocab']:,}", row["window"], f"{c['total_ms']:.2f}", f"{e['total_ms']:.2f}" if e else "-",
+                     x(e["total_ms"] / c["total_ms"]) if e else "-", f"{(c['push_bytes'] + c['reply_bytes']) / 1e6:.2f}"])
+    caption = f"A worker's own work per push (DeepFM, Keras on {r['backend']}, no Spark, no server), median of {r['pushes']} pushes."
+    return block(caption, ["table rows", "push every N steps", "compiled ms", "eager ms", "eager / compiled", "MB each way"], rows, "ps_push")
+
+
+# -- scaling -------------------------------------------------------------------------------------------
+
+
+@figure("scaling_validation")
+def scaling_validation() -> str:
+    r = results.load("scaling")
+    within = [abs(v["ratio"] - 1) <= 0.2 for v in r["validation"]]
+    rows = [[v["master"], v["engine"], v["workers"], f"{v['samples_per_s']:,.0f}", f"{v['predicted']:,.0f}", f"{v['ratio']:.2f}"]
+            for v in r["validation"]]
+    return block(f"Measured fits against the model's prediction: {sum(within)} of {len(within)} within 20%.",
+                 ["master", "engine", "workers", "measured samples/s", "predicted", "measured / predicted"], rows, "scaling")
+
+
+@figure("scaling_projections")
+def scaling_projections() -> str:
+    r = results.load("scaling")
+    proj = r["projections"]
+    workloads = list(proj)
+    rows = []
+    for engine in proj[workloads[0]]:
+        cells = []
+        for w in workloads:
+            at = {p["workers"]: p for p in proj[w].get(engine, [])}
+            cells.append(f"{at[64]['efficiency']:.2f}" if 64 in at else "-")
+        rows.append([engine, *cells])
+    return block("Scaling efficiency at 64 workers (samples/s over 64 times one worker's), CPU step times as measured here.",
+                 ["engine", *workloads], rows, "scaling")
+
+
+@figure("scaling_constants")
+def scaling_constants() -> str:
+    r = results.load("scaling")
+    s, ring, spark, ctr, dense = r["server"], r["ring"], r["spark"], r["ctr"], r["dense"]
+    rows = [
+        ["CTR step (DeepFM, batch 512)", f"{ctr['compute_s'] * 1e3:.2f} ms", f"step spread (cv) {ctr['step_cv']:.2f}"],
+        ["dense 25M step (batch 64)", f"{dense['compute_s'] * 1e3:.1f} ms", f"step spread (cv) {dense['step_cv']:.2f}"],
+        ["server: per request", f"{s['request_s'] * 1e3:.3f} ms", f"{s['driver_cores']} driver cores"],
+        ["server: per table row", f"{s['row_s'] * 1e9:.0f} ns", f"serialisation {s['serial_bytes_per_s'] / 1e9:.2f} GB/s"],
+        ["worker: per push", f"{ctr['push_fixed_s'] * 1e3:.2f} ms", f"plus {ctr['push_byte_s'] * 1e9:.2f} ns per byte"],
+        ["ring: per hop", f"{ring['hop_s'] * 1e6:.0f} us", f"loopback {r['loopback_gbps']:.1f} Gb/s"],
+        ["Spark: per stage", f"{spark['stage_s'] * 1e3:.0f} ms", f"per task {spark['task_s'] * 1e3:.1f} ms"],
+        ["Spark: merge", f"{spark['merge_bytes_per_s'] / 1e9:.1f} GB/s", ""],
+    ]
+    return "\n".join([table(["constant", "value", "also"], rows), "", source("scaling")])
+
+
+@figure("gpu_projection")
+def gpu_projection() -> str:
+    r = results.load("gpu_projection")
+    out = []
+    for workload, rows in r["workloads"].items():
+        out.append(f"**{workload}**, {r['gbps']:g} Gb/s, {r['epochs_per_stage']} epochs per stage where a stage runs several:")
+        out.append("")
+        out.append(table(["engine", "8", "64", "256"], [[row["engine"], *(f"{row[str(n)]:.2f}" for n in (8, 64, 256))] for row in rows]))
+        out.append("")
+    out.append(source("gpu_projection"))
+    return "\n".join(out)
+
+
+# -- GPU -----------------------------------------------------------------------------------------------
+
+
+@figure("gpu_check")
+def gpu_check() -> str:
+    r, rep = results.load("gpu_check"), results.load("gpu_check_repeats")
+    batches = sorted(r["pass"], key=int)
+    rows = [
+        ["averaging task's pass, samples/s", *(f"{r['pass'][b]['pass_samples_per_s']:,.0f}" for b in batches)],
+        ["`model.fit`, samples/s (same model, numpy data)", *(f"{r['pass'][b]['fit_samples_per_s']:,.0f}" for b in batches)],
+        ["pass / fit, one run", *(x(r["pass"][b]["ratio"]) for b in batches)],
+        [f"pass / fit, median of {len(rep['pass'][batches[0]]['repeated']['pass_seconds'])} alternating (earlier run)",
+         *(x(rep["pass"][b]["repeated"]["median_ratio"]) for b in batches)],
+        ["the task beyond its steps, median (earlier run)",
+         *(f"{rep['pass'][b]['repeated']['median_beyond_steps_seconds'] * 1e3:.1f} ms" for b in batches)],
+        ["fused allreduce step / plain train step", *(x(r["fused"][b]["fused_over_plain"], 1) for b in batches)],
+        ["fused step with embedding rows / plain", *(x(r["fused"][b]["sparse_rows"]["fused_over_plain"], 1) for b in batches)],
+        ["XLA collective step / plain", *(x(r["fused"][b]["collective_over_plain"]) for b in batches)],
+    ]
+    push = r["push"]
+    st = r["state_transfer"]
+    return "\n".join([
+        f"{r['device']}, Keras {r['keras']} on JAX {r['jax']}, the flagship DeepFM ({r['vocab']:,}-id tables), {r['rows']:,} rows, "
+        f"steps grouped by {r['group']}.", "",
+        table(["measured", *(f"batch {b}" for b in batches)], rows), "",
+        f"State of {st['bytes'] / 1e6:.0f} MB to the host: {st['read_pinned_host'] * 1e3:.1f} ms through pinned memory, "
+        f"{st['read_device_get'] * 1e3:.1f} ms with `jax.device_get`, {st['read_per_variable'] * 1e3:.1f} ms one variable at a time. "
+        f"Parameter-server task: {push['ps_samples_per_s']:,.0f} samples/s pushing every {push['every']} steps, "
+        f"{push['reused']} pushes reusing their pulled rows. All {sum(r['placement'].values())} variables on the GPU.", "",
+        source("gpu_check", "gpu_check_repeats")])
+
+
+# -- the README's headline -----------------------------------------------------------------------------
+
+
+@figure("headline")
+def headline() -> str:
+    e2e, rows = _e2e_rows()
+    by = {row[0]: row for row in rows}
+    job = results.load("flagship_job")["runs"][0]
+    bayes = results.load("flagship_job")["bayes_auc"]
+    gpu = results.load("gpu_check_repeats")
+    proj = results.load("scaling")["projections"]
+    best64 = max((p["efficiency"], e) for e, ps in proj["CTR (DeepFM) @ 25 Gb/s"].items() for p in ps if p["workers"] == 64)
+    lines = [
+        ["the flagship job (`./run job`): test AUC against the Bayes-optimal",
+         f"{job['test_auc']:.4f} / {bayes:.4f}", "flagship_job"],
+        ["2 workers on 2 cores against single-process `model.fit` (samples/s)",
+         ", ".join(f"{k} {by[k][3]}" for k in ("sync-avg", "async-ps", "hogwild-ps", "allreduce") if k in by), "e2e_ctr"],
+        ["the executor's pass against `model.fit` on one H200, batch 512 / 4096 (median of 5)",
+         " / ".join(x(gpu["pass"][b]["repeated"]["median_ratio"]) for b in ("512", "4096")), "gpu_check_repeats"],
+        ["projected efficiency at 64 workers, CTR model, 25 Gb/s, CPU steps (best engine)", f"{best64[0]:.2f} ({best64[1]})", "scaling"],
+    ]
+    return table(["measured", "figure", "result file"],
+                 [[a, b, f"[{c}](bench/results/{c}.json), {results.load(c)['date']}"] for a, b, c in lines])
+
+
+# -- pages ---------------------------------------------------------------------------------------------
+
+
+def pages() -> list[str]:
+    return [os.path.join(results.ROOT, "README.md"), *sorted(glob.glob(os.path.join(results.ROOT, "docs", "**", "*.md"), recursive=True))]
+
+
+def render(text: str, page: str = "") -> str:
+    def block(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in RENDERERS:
+            raise KeyError(f"{page}: no renderer for figures:{name} (bench/harness/docs.py)")
+        body = RENDERERS[name]()
+        if os.path.basename(page) == "README.md":  # the README links from the checkout's root
+            body = body.replace("](../bench/", "](bench/")
+        return f"<!-- figures:{name} -->\n{body}\n<!-- /figures:{name} -->"
+
+    return MARK.sub(block, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="only list the pages whose tables differ from their result files")
+    args = p.parse_args(argv)
+    stale = []
+    for page in pages():
+        with open(page) as f:
+            text = f.read()
+        new = render(text, page)
+        if new != text:
+            stale.append(os.path.relpath(page, results.ROOT))
+            if not args.check:
+                with open(page, "w") as f:
+                    f.write(new)
+    for page in stale:
+        print(("differs: " if args.check else "rendered: ") + page)
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

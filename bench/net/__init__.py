@@ -1,0 +1,1 @@
+"""What TLS costs the transports."""

@@ -1,0 +1,229 @@
+"""Jobs on a real Spark standalone cluster (Master + two Workers, tests/support/standalone.py), submitted with
+`spark-submit --master spark://...` and the executors' environment shipped as the README says:
+its `./run pack` line -> `--archives sparkdl_env.tar.gz#environment`. The README's own `./run submit`
+line trains the flagship job; tests/scripts/standalone_jobs.py runs three more jobs in one application. The
+Workers cannot import this checkout, so every assertion about module paths is about the shipped archive.
+
+Executor and node loss runs on a cluster of its own (tests/cluster/test_executor_loss.py), beside these
+on the other pytest-xdist worker of the slow suite; both use one archive (conftest's `env_archive`,
+packed once for all workers)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import readme
+from helpers import ROOT, SCRIPTS, assert_ran_on_executors, submit_command
+
+ROWS = 100_000
+
+
+def test_archive_is_a_regular_install_without_test_extras(env_archive):
+    import tarfile
+
+    size_mb = os.path.getsize(env_archive) / 2**20
+    with tarfile.open(env_archive) as tf:
+        names = tf.getnames()
+    site = [n for n in names if "/site-packages/" in n]
+    tops = {n.split("/site-packages/")[1].split("/")[0] for n in site}
+    assert "sparkdl_train" in tops and "keras" in tops and "tensorflow" in tops, sorted(tops)[:50]
+    assert "PIL" in tops  # Pillow: batch transforms decode images on the executors
+    assert not [t for t in tops if t.startswith("__editable__")], "an editable finder instead of the package"
+    for extra in ("pytest", "sklearn", "nbclient", "matplotlib", "tensorboard", "venv_pack"):
+        assert extra not in tops, f"{extra} (test-only) is in the archive"
+    assert not [n for n in site if "/pyspark/jars/" in n]  # the cluster brings Spark's own jars
+    for unused in ("/tensorflow/include/", "/pandas/tests/", "/pyarrow/tests/", "/pyarrow/include/"):
+        assert not [n for n in site if unused in n], f"{unused} (headers, test suites) is in the archive"
+    assert "bin/python" in names
+    print(f"sparkdl_env.tar.gz: {size_mb:.0f} MiB, {len(names)} files")  # shown with -rP / in the README
+    assert size_mb < 1024, f"{size_mb:.0f} MiB"
+
+
+def test_the_workers_python_cannot_import_the_checkout(standalone_cluster):
+    """The interpreter the archive links to has no sparkdl_train of its own: only the archive provides it."""
+    import sys
+
+    base = getattr(sys, "_base_executable", sys.executable)
+    proc = subprocess.run([base, "-c", "import sparkdl_train"], cwd=standalone_cluster.root,
+                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert proc.returncode != 0 and "No module named 'sparkdl_train'" in proc.stderr
+
+
+def _assert_ran_from_the_archive(s, cluster, master=None):
+    assert s["master"] == (master or cluster.url), (s["master"], cluster.url)
+    assert_ran_on_executors(s["executor_ids"], s["worker_pids"], s["driver_pid"])
+    # the executors ran sparkdl_train from the unpacked archive under a Worker's work dir, never the checkout
+    env = s["executor_environment"]
+    assert {e[0] for e in env} >= set(s["executor_ids"]), env
+    for executor, python, module in env:
+        assert python.endswith("/environment/bin/python") and python.startswith(cluster.work_dir), python
+        assert module.startswith(cluster.work_dir) and "/environment/lib/" in module, module
+        assert not module.startswith(ROOT), module
+
+
+def test_the_readme_cluster_commands_train_on_the_standalone_cluster(standalone_cluster, env_archive, spark, tmp_path):
+    """README.md's Clusters commands, read from the README and run as written in a shell with no venv
+    activated and no SPARK_HOME, PYSPARK_* or PYTHONPATH: its `./run pack` line built ``env_archive``
+    (conftest), and here its `./run submit` line, with only the master URL and paths substituted,
+    trains the flagship job from that archive on the Workers' executors. SPARK_LOCAL_IP keeps the
+    driver's sockets on loopback, as a multi-homed host's user would set it."""
+    from sparkdl_train.datasets import ctr
+
+    data = str(tmp_path / "ctr")
+    ctr.write(spark, ctr.CTRSpec(rows=ROWS, seed=42), data)
+    (submit,) = [c for c in readme.commands("Clusters") if c.startswith("./run submit")]
+    command = readme.substitute(submit, {"./run ": os.path.join(ROOT, "run") + " ", "spark://master-host:7077": standalone_cluster.url,
+                                         "/shared/ctr": data, "jobs/train_ctr.py": os.path.join(ROOT, "jobs", "train_ctr.py")})
+    where = os.path.dirname(env_archive)  # the folder the README's pack line wrote sparkdl_env.tar.gz into
+    proc = readme.run(command, where, timeout=1200, SPARK_LOCAL_IP="127.0.0.1")
+    out = proc.stdout + proc.stderr
+    with open(os.path.join(where, "output", "summary.json")) as f:
+        s = json.load(f)
+    _assert_ran_from_the_archive(s, standalone_cluster)
+    # no --workers: one per task slot of the two 1-core executors, counted after they registered
+    assert s["mode"] == "asynchronous" and s["workers"] == 2 and s["train_rows"] + s["test_rows"] == ROWS, s
+    assert s["data_source"] == "spark", s["data_source"]  # the job's features, computed and cached by Spark
+    assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, (s["test_auc"], s["bayes_auc"])
+    assert s["communication"]["engine"] == "parameter_server" and s["communication"]["pushes"] > 0
+    assert "test AUC" in proc.stdout and "\r" not in out  # one progress line per interval under spark-submit
+
+
+@pytest.fixture(scope="module")
+def jobs_app(standalone_cluster, env_archive, tmp_path_factory):
+    """tests/scripts/standalone_jobs.py submitted once: the flagship job with its default engine, the image job and RDD fits
+    in one application on the Workers' executors, from the shipped archive (one unpack per executor for
+    the three). Returns its output (stdout + stderr) and the three summaries."""
+    out = tmp_path_factory.mktemp("standalone_jobs")
+    ctr_args = ["--rows", str(ROWS), "--workers", "2", "--epochs", "2", "--features-dir", str(out / "features")]
+    # 2 renderings per digit: with 1 (1,440 training images) asynchronous/batch reached 0.51 against Keras' 0.77 here;
+    # with 2, in-process on local[2]: 0.768 against 0.825
+    image_args = ["--copies", "2", "--workers", "2", "--epochs", "8", "--transform-threads", "2"]
+    conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g",
+            "spark.sql.execution.arrow.maxRecordsPerBatch=8192"]
+    cmd, env = submit_command(standalone_cluster.url, ["--ctr", json.dumps(ctr_args), "--images", json.dumps(image_args)], out,
+                              conf=conf, archives=env_archive, job=os.path.join(SCRIPTS, "standalone_jobs.py"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    summaries = {}
+    for name, file in (("ctr", "summary.json"), ("images", "images_summary.json"), ("rdd", "summary.json")):
+        with open(out / name / file) as f:
+            summaries[name] = json.load(f)
+    return proc.stdout + proc.stderr, summaries
+
+
+def test_flagship_job_with_allreduce_on_the_standalone_cluster(standalone_cluster, jobs_app):
+    """The job's default engine, ring averaging with both epochs in one barrier stage, on the
+    Workers' executors: the ranks train on the Parquet files they read themselves."""
+    out, summaries = jobs_app
+    s = summaries["ctr"]
+    assert "test AUC" in out and "Bayes-optimal" in out
+    assert s["data_source"] == "parquet", s["data_source"]  # the features written as Parquet, read by the barrier tasks
+    _assert_ran_from_the_archive(s, standalone_cluster)
+    assert s["mode"] == "allreduce" and s["workers"] == 2 and s["train_rows"] + s["test_rows"] == ROWS
+    assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, (s["test_auc"], s["bayes_auc"])
+    assert s["communication"]["engine"] == "allreduce" and s["communication"]["average"] == "state"
+    assert s["frequency"] == "epoch" and s["stages"] == 1 and s["epoch_samples"] == [s["train_rows"]] * 2, s
+    assert "\r" not in out  # one progress line per interval under spark-submit, no bar redraws
+
+
+def test_image_job_decodes_png_bytes_on_the_standalone_executors(standalone_cluster, jobs_app):
+    """jobs/train_images.py: PNG files read as bytes, decoded by the batch transform (2 threads per task)
+    on the executors, from the shipped archive (Pillow included), as accurate as single-process Keras."""
+    out, summaries = jobs_app
+    s = summaries["images"]
+    assert "test accuracy" in out
+    assert s["master"] == standalone_cluster.url
+    assert_ran_on_executors(s["executor_ids"], s["worker_pids"], s["driver_pid"])
+    for _, python, module in s["executor_environment"]:
+        assert python.endswith("/environment/bin/python") and module.startswith(standalone_cluster.work_dir), (python, module)
+    assert s["train_images"] + s["test_images"] == 2 * 1797 and s["transform_threads"] == 2
+    assert s["test_accuracy"] > 0.5 and s["test_accuracy"] >= s["reference_test_accuracy"] - 0.1, s
+
+
+def test_rdd_fits_on_the_standalone_executors_sample_without_costing_a_python_worker(standalone_cluster, jobs_app):
+    """RDD fits (Elephas' parallelized rows, to_simple_rdd's Python flatMap, the same cached) on the
+    Workers' executors from the shipped archive (tests/scripts/standalone_jobs.py). The sample is the JVM's take
+    where no Python task would compute it (parallelized, every partition cached), Python tasks otherwise,
+    a cached RDD's earlier sample for a later fit; whichever way, no Python worker is lost: every
+    first-epoch task trains on a worker the prepare job built and traced."""
+    _, summaries = jobs_app
+    s = summaries["rdd"]
+    expected = {"parallelized": "jvm", "mapped": "python", "cached": "jvm", "cached_again": "kept"}
+    assert {name: f["sample_source"] for name, f in s["fits"].items()} == expected
+    for name, f in s["fits"].items():
+        assert f["master"] == standalone_cluster.url and f["data_source"] == "rdd", (name, f["master"])
+        assert_ran_on_executors(f["executor_ids"], f["worker_pids"], f["driver_pid"])
+        for _, python, module in f["executor_environment"]:
+            assert python.endswith("/environment/bin/python") and module.startswith(standalone_cluster.work_dir), (python, module)
+        assert f["samples"] == [s["rows"]] * f["epochs"], (name, f["samples"])  # every row once an epoch
+        prepared = {tuple(w) for w in f["prepared_workers"]}
+        for task in f["first_epoch_tasks"]:
+            assert (task["host"], task["pid"]) in prepared, (name, task, prepared)
+            assert task["model_cached"] is True and task["traced"] is False, (name, task)
+        # two workers averaging each epoch: close to single-process Keras after as many epochs
+        assert f["accuracy"] >= s["reference_accuracy"] - 0.05, (name, f["accuracy"], s["reference_accuracy"])
+    # the same rows in the same two partitions, one thread a task: the same training however the RDD was built
+    accuracies = [f["accuracy"] for f in s["fits"].values()]
+    assert max(accuracies) - min(accuracies) < 1e-6, accuracies
+
+
+def test_sparse_allreduce_gradients_on_the_standalone_executors_give_the_dense_weights(standalone_cluster, jobs_app):
+    """allreduce.sparseGradients across the Workers' executors (tests/scripts/standalone_jobs.py): the table's
+    gradients as the rows each step touched give the weights of the dense exchange bit for bit (2 ranks,
+    one out of data for most steps), every rank the same, for a fraction of the bytes."""
+    _, summaries = jobs_app
+    fits = summaries["rdd"]["sparse_allreduce"]
+    for how, f in fits.items():
+        assert f["master"] == standalone_cluster.url, (how, f["master"])
+        assert_ran_on_executors(f["executor_ids"], f["worker_pids"], f["driver_pid"])
+    assert fits["False"]["tables"] == [] and fits["True"]["tables"] == ["table/embeddings"]
+    # each epoch: one digest on both ranks, the same with rows as with whole tables
+    assert fits["True"]["weights_sha256"] == fits["False"]["weights_sha256"], fits
+    assert [len(d) for d in fits["True"]["weights_sha256"]] == [1, 1], fits["True"]["weights_sha256"]
+    assert all(r > 0 for r in fits["True"]["rows_sent"]), fits["True"]["rows_sent"]
+    assert fits["True"]["bytes_sent"] < fits["False"]["bytes_sent"] / 4, (fits["True"]["bytes_sent"], fits["False"]["bytes_sent"])
+
+
+def test_a_bfloat16_parameter_server_wire_on_the_standalone_executors_halves_the_bytes(standalone_cluster, jobs_app):
+    """ps.compression='bf16' across the Workers' executors (tests/scripts/standalone_jobs.py): the same pushes
+    with half the values' bytes, and the model learns as with float32."""
+    _, summaries = jobs_app
+    s = summaries["rdd"]
+    fits = s["ps_wire"]
+    for wire, f in fits.items():
+        assert f["master"] == standalone_cluster.url, (wire, f["master"])
+        assert_ran_on_executors(f["executor_ids"], f["worker_pids"], f["driver_pid"])
+        assert f["accuracy"] >= s["reference_accuracy"] - 0.05, (wire, f["accuracy"], s["reference_accuracy"])
+    assert fits["None"]["wire"] == "float32" and fits["bf16"]["wire"] == "bf16"
+    assert fits["bf16"]["updates"] == fits["None"]["updates"] > 0
+    assert 0.49 < fits["bf16"]["bytes"] / fits["None"]["bytes"] < 0.52, fits
+
+
+def test_a_connect_server_on_the_standalone_cluster_trains_from_the_archive(standalone_cluster, env_archive, tmp_path):
+    """Spark Connect with the server's executors on the standalone Workers, their environment shipped
+    as the README says (the Workers cannot import the checkout): a client process (tests/scripts/connect_check.py)
+    fits hogwild (the parameter server in the client) and allreduce; the tasks ran on both executors,
+    from the archive, in Python workers that are neither the client's nor the server's."""
+    from connect_server import ConnectServer, run_client
+
+    server = ConnectServer(str(tmp_path), standalone_cluster.url, {
+        "spark.archives": f"{env_archive}#environment",
+        "spark.executor.memory": "1g",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",  # the client sees no executor list: the server waits
+    }, python="../environment/bin/python").start()  # a session's Python workers run in a folder of its own
+    try:
+        r = run_client(server.url, "cluster", timeout=1200)
+    finally:
+        server.stop()
+    assert r["has_spark_context"] is False
+    for mode in ("hogwild", "allreduce"):
+        got = r[mode]
+        assert got["accuracy"] > 0.85, got
+        assert len(got["executors"]) == 2 and "driver" not in got["executors"] and "None" not in got["executors"], got
+        assert len(got["pids"]) == 2 and r["driver_pid"] not in got["pids"], got
+    assert r["hogwild"]["master"] == standalone_cluster.url
+    assert {e for e, _, _ in r["environment"]} == set(r["hogwild"]["executors"]), r["environment"]
+    for _, python, module in r["environment"]:
+        assert python.endswith("/environment/bin/python") and python.startswith(standalone_cluster.work_dir), python
+        assert module.startswith(standalone_cluster.work_dir) and not module.startswith(ROOT), module
