@@ -145,8 +145,23 @@ def mlp():
 
 
 @pytest.fixture(scope="module")
-def corpus_data(spark):
-    """Users' model shapes' data and Keras' held-out metric for each (bench/workloads/corpus.py), per module."""
+def corpus_data(spark, tmp_path_factory):
+    """Users' model shapes' data and Keras' held-out metric for each (bench/workloads/corpus.py), per module.
+    Keras' baselines are trained once per run and shared by the suite's workers (a file beside their temporary
+    folders, written under a lock by the first that needs it)."""
+    import fcntl
+    import json
+
     from bench.workloads import corpus as model_corpus
 
-    return model_corpus.corpus_frames(spark)
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # one folder per run, shared by its workers
+    with open(shared / "corpus_keras.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = shared / "corpus_keras.json"
+        if path.exists():
+            metrics = json.loads(path.read_text())
+        else:
+            metrics = model_corpus.keras_metrics()
+            path.write_text(json.dumps(metrics))
+    return model_corpus.corpus_frames(spark, metrics)

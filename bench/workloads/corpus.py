@@ -527,15 +527,23 @@ TOLERANCE = 0.05  # held-out accuracy at most this far below Keras' at the same 
 MAE_RATIO = 1.3  # held-out mean absolute error at most this multiple of Keras'
 
 
-def corpus_frames(spark: Any) -> dict[str, tuple[Any, pd.DataFrame, float]]:
-    """Per shape: the training DataFrame (2 partitions), the held-out rows, Keras' held-out metric after ``EPOCHS``."""
+def keras_metrics() -> dict[str, float]:
+    """Per shape: single-process Keras' held-out metric after ``EPOCHS`` on the corpus' rows (the target)."""
     out = {}
     for name, shape in SHAPES.items():
         train, test = shape.data(TRAIN_ROWS, 1), shape.data(TEST_ROWS, 2)
         model = shape.build()
         model.fit(keras_dataset(shape, train, BATCH, shuffle=True), epochs=EPOCHS, verbose=0)
-        out[name] = (spark.createDataFrame(train).repartition(2), test, held_out(shape, model, test))
+        out[name] = float(held_out(shape, model, test))
     return out
+
+
+def corpus_frames(spark: Any, metrics: dict[str, float] | None = None) -> dict[str, tuple[Any, pd.DataFrame, float]]:
+    """Per shape: the training DataFrame (2 partitions), the held-out rows, Keras' held-out metric after ``EPOCHS``
+    (``metrics``, as :func:`keras_metrics` gives them, where the caller has them already)."""
+    metrics = metrics if metrics is not None else keras_metrics()
+    return {name: (spark.createDataFrame(shape.data(TRAIN_ROWS, 1)).repartition(2), shape.data(TEST_ROWS, 2), metrics[name])
+            for name, shape in SHAPES.items()}
 
 
 def held_out(shape: Shape, model: Any, test: pd.DataFrame) -> float:

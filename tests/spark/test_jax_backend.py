@@ -36,6 +36,31 @@ def jax_run(tmp_path_factory):
     return result
 
 
+SMOKE = ("averaging", "async-4", "allreduce")  # one engine of each family, for the default suite
+
+
+@pytest.fixture(scope="module")
+def jax_smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("jax_smoke")
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "jax_check.py"), str(out), "local[2]", ",".join(SMOKE)],
+                          capture_output=True, text=True, timeout=900, env=_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads((out / "jax.json").read_text())
+
+
+def test_each_engine_family_trains_on_jax_in_two_worker_processes(jax_smoke):
+    """Averaging, the parameter server and the ring allreduce on Keras' JAX backend, in the default suite: the
+    executors' Python workers run JAX because the fit gives its stages KERAS_BACKEND; each case learns, on
+    two workers, with its steps compiled ahead by the prepare job. The full matrix is jax_run's (slow)."""
+    assert jax_smoke["backend"] == "jax" and jax_smoke["executor_env"].get("KERAS_BACKEND") == "jax"
+    assert set(jax_smoke["cases"]) == set(SMOKE)
+    for name, case in jax_smoke["cases"].items():
+        assert len(case["pids"]) == 2 and case["evaluate"]["accuracy"] >= 0.85, (name, case["evaluate"])
+        assert len(case["history"]["loss"]) == jax_check.EPOCHS and case["history"]["loss"][-1] < case["history"]["loss"][0]
+        assert case["prepare"]["finished"] and case["prepare"]["traced"] >= 1, (name, case["prepare"])
+
+
+@pytest.mark.slow  # the whole JAX matrix (jax_run: minutes of XLA compiles); jax_smoke runs in the default suite
 def test_every_engine_trains_on_jax_in_two_worker_processes(jax_run):
     assert jax_run["backend"] == "jax"
     assert jax_run["executor_env"].get("KERAS_BACKEND") == "jax"  # given by the fit: the JVM's environment lacks it
@@ -53,6 +78,7 @@ def test_every_engine_trains_on_jax_in_two_worker_processes(jax_run):
     assert first == [{"model_cached": True, "traced": False}] * 2, jax_run["cases"]["averaging"]["first_epoch_detail"]
 
 
+@pytest.mark.slow  # the whole JAX matrix (jax_run: minutes of XLA compiles); jax_smoke runs in the default suite
 def test_grouped_steps_compiled_ahead_leave_only_a_short_batch_to_compile(jax_run):
     tail = jax_run["tail"]
     assert tail["compiled_ahead"] == 3  # groups of 1, 15 and 16 full batches
@@ -61,6 +87,7 @@ def test_grouped_steps_compiled_ahead_leave_only_a_short_batch_to_compile(jax_ru
     assert tail["max_diff_from_single_steps"] <= 1e-6
 
 
+@pytest.mark.slow  # the whole JAX matrix (jax_run: minutes of XLA compiles); jax_smoke runs in the default suite
 def test_the_spark_ml_estimator_and_the_elephas_layer_train_on_jax(jax_run):
     ml = jax_run["ml"]
     assert ml["mode"] == "synchronous" and ml["epochs"] == jax_check.EPOCHS and ml["accuracy"] >= 0.85, ml
@@ -74,6 +101,7 @@ def test_the_spark_ml_estimator_and_the_elephas_layer_train_on_jax(jax_run):
     assert refused is not None and "bucketBytes" in refused["message"] and "TensorFlow" in refused["message"], refused
 
 
+@pytest.mark.slow  # the whole JAX matrix (jax_run: minutes of XLA compiles); jax_smoke runs in the default suite
 def test_integer_state_and_statistics_keep_their_roles_on_jax(jax_run):
     """An adapted Normalization's integer count never reaches the parameter server (it refuses integer arrays):
     every mode trains, the count and the adapted mean stay the driver's."""
@@ -83,10 +111,12 @@ def test_integer_state_and_statistics_keep_their_roles_on_jax(jax_run):
         assert r["accuracy"] >= 0.85, (mode, r)
 
 
+@pytest.mark.slow  # the whole JAX matrix (jax_run: minutes of XLA compiles); jax_smoke runs in the default suite
 def test_one_jax_worker_without_shuffling_equals_keras_fit_on_jax(jax_run):
     assert jax_run["one_worker_vs_keras_fit"] <= 1e-5
 
 
+@pytest.mark.slow  # the whole JAX matrix (jax_run: minutes of XLA compiles); jax_smoke runs in the default suite
 def test_jax_predict_evaluate_save_load_resume_and_sparse_rows(jax_run):
     ev = jax_run["evaluate"]
     assert ev["spark"][0] == pytest.approx(ev["keras"]["loss"], abs=1e-5)
@@ -142,6 +172,7 @@ def _check_xla_ranks(xla: dict) -> None:
             assert sorted((r["stage_epochs"]["index"], r["rank"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
+@pytest.mark.slow  # the whole JAX matrix (jax_run: minutes of XLA compiles); jax_smoke runs in the default suite
 def test_allreduce_through_xla_collectives_trains_the_rings_weights_with_uneven_and_empty_partitions(jax_run):
     """allreduce.collectives='xla' (jax.distributed, Gloo on this CPU): short last batches padded, a rank
     out of data or with none feeding zeros of weight 0; the ring's weights and logs, step for step."""
@@ -163,6 +194,7 @@ def test_allreduce_through_xla_collectives_trains_the_rings_weights_with_uneven_
     assert xla["bf16"]["compression"] == "bf16" and xla["bf16"]["max_diff"] > 0, xla["bf16"]  # rounded sums
 
 
+@pytest.mark.slow  # the whole JAX matrix (jax_run: minutes of XLA compiles); jax_smoke runs in the default suite
 def test_the_collective_step_alone_is_keras_train_step_with_short_batches_padded(jax_run):
     """One process, no jax.distributed: a full batch and a short one (26 rows padded to 32 with weight
     0) give train_on_batch's weights and metrics; zeros of weight 0 (out of data) move nothing."""
@@ -195,6 +227,7 @@ def test_xla_collectives_are_refused_where_they_cannot_run(spark):
 EQUAL = {"averaging": 2e-3, "sync-batch": 2e-3, "allreduce": 2e-3, "allreduce-fp16": 5e-3, "ring-averaging-stage": 2e-3}
 
 
+@pytest.mark.slow  # the whole JAX matrix (jax_run: minutes of XLA compiles); jax_smoke runs in the default suite
 @pytest.mark.parametrize("name", list(jax_check.CASES))
 def test_jax_fit_equals_the_tensorflow_fit_from_the_same_weights(jax_run, spark, name):
     from sparkdl_train import SparkModel
@@ -215,11 +248,13 @@ def test_jax_fit_equals_the_tensorflow_fit_from_the_same_weights(jax_run, spark,
         assert acc == pytest.approx(jax_run["cases"][name]["evaluate"]["accuracy"], abs=0.03), (name, diff)
 
 
+@pytest.mark.slow  # a benchmark run small (about a minute of JAX compiles): the marker's "more than ~30 s"
 def test_gpu_check_runs_the_executor_pass_on_the_cpu(tmp_path):
     """bench/gpu/check.py, small: without a GPU every variable is on the CPU and the 'GPU' pass is the CPU pass."""
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run([sys.executable, "-m", "bench.gpu.check", "--rows", "12000", "--vocab", "5000",
-                           "--batch", "256", "--equality-steps", "5", "--chunk", "4096", "--output", str(out)],
+                           "--batch", "256", "--equality-steps", "5", "--chunk", "4096", "--output", str(out),
+                           "--sections", "pass,cpu_equality,push,fused"],  # what this test asserts
                           capture_output=True, text=True, timeout=600, env=dict(_env(), KERAS_BACKEND="jax"), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     r = json.loads(out.read_text())
