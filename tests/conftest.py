@@ -14,8 +14,9 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # every process the tests start imports the checkout's bench package, tests/support and tests/scripts as the tests do
 # (pyproject.toml's pythonpath); the standalone daemons get a minimal environment of their own
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [os.path.dirname(_HERE), os.path.join(_HERE, "support"), os.path.join(_HERE, "scripts")] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+_PATHS = [os.path.dirname(_HERE), os.path.join(_HERE, "support"), os.path.join(_HERE, "scripts")]
+_INHERITED = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in _PATHS]  # xdist workers inherit ours
+os.environ["PYTHONPATH"] = os.pathsep.join(_PATHS + _INHERITED)
 
 # Executors must run this interpreter (it has keras); set before any JVM starts.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

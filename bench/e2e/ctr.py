@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 
+from bench.harness import results as results_file
 from bench.harness.results import ROOT
 
 SEED = 7
@@ -286,20 +287,6 @@ def time_to(target: float, r: dict) -> float | None:
     return None
 
 
-def versions() -> dict:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for pkg in ("pyspark", "tensorflow-cpu", "tensorflow", "keras", "numpy", "pyarrow"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
-    out["java"] = java[0] if java else "?"
-    return out
-
-
 def fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -389,7 +376,7 @@ def main(argv: list[str]) -> None:
                      f"{mem[0]['executor_peak_rss_mb']:,.0f} MiB at {args.rows:,} rows, {mem[1]['executor_peak_rss_mb']:,.0f} MiB "
                      f"at {args.memory_rows:,} rows: {growth:.2f}x (target <= 1.2x)")
 
-    info = versions()
+    info = results_file.versions()
     print(f"\n{time.strftime('%Y-%m-%d')}, {n} cores, {platform.machine()}, {platform.platform()}; "
           + ", ".join(f"{k} {v}" for k, v in info.items()))
     print("\n".join(lines))
@@ -401,8 +388,6 @@ def main(argv: list[str]) -> None:
     with open(os.path.join(res_dir, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     if not args.only:
-        from bench.harness import results as results_file
-
         print("wrote", results_file.write("e2e_ctr", {"rows": args.rows, "epochs": args.epochs, "batch_size": args.batch_size, "cores": n,
                                                       "bayes_auc": meta["bayes"]["auc"], "runs": results, **summary}))
 

@@ -39,9 +39,8 @@ def source(*names: str) -> str:
     parts = []
     for name in names:
         r = results.load(name)
-        how = f"`{r['command']}`" if r.get("command") else "command not recorded"
-        parts.append(f"[{name}.json](../bench/results/{name}.json): {how}, commit {r.get('commit', 'unrecorded')}, {r['date']}, "
-                     f"{r.get('machine', 'machine not recorded')}" + (f"; {r['note']}" if r.get("note") else ""))
+        parts.append(f"[{name}.json](../bench/results/{name}.json): `{r['command']}`, commit {r['commit']}, {r['date']}, "
+                     f"{r['machine']}" + (f"; {r['note']}" if r.get("note") else ""))
     return "Source: " + "; ".join(parts) + "."
 
 
@@ -257,12 +256,12 @@ def gpu_check() -> str:
 
 @figure("headline")
 def headline() -> str:
-    e2e, rows = _e2e_rows()
+    _, rows = _e2e_rows()
     by = {row[0]: row for row in rows}
-    job = results.load("flagship_job")["runs"][0]
-    bayes = results.load("flagship_job")["bayes_auc"]
-    gpu = results.load("gpu_check_repeats")
-    proj = results.load("scaling")["projections"]
+    loaded = {name: results.load(name) for name in ("e2e_ctr", "flagship_job", "gpu_check_repeats", "scaling")}
+    job, bayes = loaded["flagship_job"]["runs"][0], loaded["flagship_job"]["bayes_auc"]
+    gpu = loaded["gpu_check_repeats"]
+    proj = loaded["scaling"]["projections"]
     best64 = max((p["efficiency"], e) for e, ps in proj["CTR (DeepFM) @ 25 Gb/s"].items() for p in ps if p["workers"] == 64)
     lines = [
         ["the flagship job (`./run job`): test AUC against the Bayes-optimal",
@@ -274,7 +273,7 @@ def headline() -> str:
         ["projected efficiency at 64 workers, CTR model, 25 Gb/s, CPU steps (best engine)", f"{best64[0]:.2f} ({best64[1]})", "scaling"],
     ]
     return table(["measured", "figure", "result file"],
-                 [[a, b, f"[{c}](bench/results/{c}.json), {results.load(c)['date']}"] for a, b, c in lines])
+                 [[a, b, f"[{c}](bench/results/{c}.json), {loaded[c]['date']}"] for a, b, c in lines])
 
 
 # -- pages ---------------------------------------------------------------------------------------------

@@ -8,12 +8,12 @@ tables are rendered from these files (:mod:`bench.harness.docs`), never typed in
 from __future__ import annotations
 
 import datetime
-import importlib
 import json
 import os
 import platform
 import subprocess
 import sys
+from importlib import metadata
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,13 +36,18 @@ def commit() -> str:
 
 
 def versions() -> dict[str, str]:
+    """Python's, Java's and the installed distributions' versions, read from their metadata (nothing imported)."""
     out = {"python": platform.python_version()}
-    for name in ("pyspark", "keras", "tensorflow", "jax", "numpy", "pyarrow"):
-        if name in sys.modules or importlib.util.find_spec(name) is not None:
-            try:
-                out[name] = importlib.import_module(name).__version__
-            except Exception:  # noqa: BLE001 - a version we cannot read is left out
-                pass
+    for dist in ("pyspark", "keras", "tensorflow", "tensorflow-cpu", "jax", "numpy", "pyarrow"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    try:  # java -version writes to stderr; the lent GPU machine has no Java
+        java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30).stderr.splitlines()
+        out["java"] = java[0] if java else "?"
+    except (OSError, subprocess.TimeoutExpired):
+        pass
     return out
 
 

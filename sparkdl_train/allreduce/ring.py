@@ -28,6 +28,8 @@ import numpy as np
 from ..halfwidth import Codec, scratch
 
 DEFAULT_CHUNK_BYTES = 1 << 20
+
+
 class Link(Protocol):
     """One rank's connections in a ring: to the next rank and from the previous one."""
 

@@ -4,7 +4,7 @@ Everything backend-specific on an executor sits behind the small interface below
 per backend: :mod:`.tensorflow` (the default) and :mod:`.jax`. No other module imports
 ``tensorflow`` or ``jax`` (``tests/unit/test_imports.py`` keeps it so). A fit trains on the backend
 of the driver's model (``keras.backend.backend()``); the executors' Python workers are started
-with ``KERAS_BACKEND`` set to it (:func:`sparkdl_train.driver.shared_refs.executor_backend`), and
+with ``KERAS_BACKEND`` set to it (:func:`sparkdl_train.driver.backend_env.executor_backend`), and
 the preflight check fails a fit whose executors run another one.
 
 A backend module provides:

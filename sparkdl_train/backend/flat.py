@@ -62,7 +62,7 @@ class FusedLayout:
     then the rank's weight (``size`` floats). ``sparse``: ``(position in model.weights, the most rows
     one batch looks up)`` of each embedding table whose gradient leaves by rows instead
     (``allreduce.sparseGradients``): they are not in the vector; ``tables`` gives their shapes
-    (:class:`sparkdl_train.allreduce.row_gather.TableShape`)."""
+    (:class:`sparkdl_train.table_rows.TableShape`)."""
 
     def __init__(self, model: Any, batch_size: int, sparse: Sequence[tuple[int, int]] = ()):
         from ..table_rows import TableShape

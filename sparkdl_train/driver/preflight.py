@@ -28,19 +28,19 @@ import logging
 import threading
 from typing import Any
 
+from ..backend import capabilities
 from ..errors import ConfigError
 from ..worker.identity import find_executor_id
 from .background import SparkCall
 
 log = logging.getLogger(__name__)
 
-MODULES = ("sparkdl_train", "keras", "tensorflow")  # with the TensorFlow backend; JAX: jax in its place
-
 
 def modules_for(keras_backend: str) -> tuple[str, ...]:
-    from ..backend import capabilities
-
+    """What the probe imports: sparkdl_train, Keras and the backend's framework."""
     return ("sparkdl_train", "keras", capabilities(keras_backend).framework)
+
+
 ALSO = {"sparkdl_train": ("sparkdl_train.worker.tasks",)}
 FIX = (
     "Ship the driver's environment to the executors: build it with `./run pack` (sparkdl_env.tar.gz, a regular "

@@ -2,7 +2,8 @@
 
 Every server of a fit speaks it: the parameter server (:mod:`sparkdl_train.ps`), the ring
 allreduce between executors (:mod:`sparkdl_train.allreduce.transport`), the driver's report
-server (:mod:`sparkdl_train.driver.reports`) and model serving (:mod:`sparkdl_train.net.server`).
+server (:mod:`sparkdl_train.driver.reports`), each through the authenticated TCP server of
+:mod:`sparkdl_train.net.server`.
 Frame::
 
     magic b"SDPS" | version u8 | type u8 | reserved u16 | payload length u64 | payload

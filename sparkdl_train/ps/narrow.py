@@ -20,7 +20,7 @@ WIRES = ("fp16", "bf16")
 
 
 def _wire(wire: str, dtype: np.dtype) -> Codec:
-    """The ring's own conversions for ``wire``, from and into arrays of ``dtype`` (bfloat16: float32)."""
+    """The half-width codec the ring uses too, for ``wire``, from and into arrays of ``dtype`` (bfloat16: float32)."""
     return Codec(np.dtype(np.float32) if wire == "bf16" else np.dtype(dtype), BF16 if wire == "bf16" else np.float16)
 
 

@@ -46,9 +46,9 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
     # the Keras backend this daemon's workers run (spark.executorEnv.KERAS_BACKEND, or the
     # KERAS_BACKEND sparkdl_train gives its own stages)
     if modules is PRELOAD:
-        from ..backend import CAPABILITIES  # declared without importing any framework
+        from ..backend import CAPABILITIES, DEFAULT  # declared without importing any framework
 
-        can = CAPABILITIES.get(os.environ["KERAS_BACKEND"], CAPABILITIES["tensorflow"])
+        can = CAPABILITIES.get(os.environ["KERAS_BACKEND"], CAPABILITIES[DEFAULT])
         if not can.preload_before_fork:
             # JAX is not fork-safe once imported (it starts threads): a worker forked from a daemon
             # that imported it (or Keras on it) computed NaN in one allreduce rank. JAX workers

@@ -102,7 +102,7 @@ def run_steps(
         if on_batch is not None:
             on_batch(steps, samples)
 
-    per_shape = backend.current().CAPABILITIES.compiles_per_shape
+    per_shape = backend.capabilities().compiles_per_shape
 
     def flush_rest() -> None:
         """The batches left before a change of shape or the end: on a backend that compiles per
