@@ -153,7 +153,7 @@ def main(argv: list[str], spark=None) -> dict:
     from sparkdl_train import SparkModel
     from sparkdl_train.datasets import criteo
     from sparkdl_train.datasets import ctr as ctr_data
-    from sparkdl_train.driver.submit import start_job, where_it_ran
+    from sparkdl_train.driver.submit import output_exists, output_path, save_model, start_job, where_it_ran, write_output
     from sparkdl_train.models.ctr import MODELS, build_vocabulary, ctr_features
 
     spark, own_session, out_dir = start_job("sparkdl_train: train_ctr", cfg["output"], spark)
@@ -164,8 +164,8 @@ def main(argv: list[str], spark=None) -> dict:
     if not data_path:
         data_format = cfg.get("generate_format") or "parquet"
         suffix = "" if data_format == "parquet" else "_tsv"
-        data_path = os.path.join(out_dir, f"ctr_data_{cfg['rows']}_{cfg['seed']}{suffix}")
-        if not os.path.exists(os.path.join(data_path, "_SUCCESS")):
+        data_path = output_path(out_dir, f"ctr_data_{cfg['rows']}_{cfg['seed']}{suffix}")
+        if not output_exists(output_path(data_path, "_SUCCESS")):
             spec = ctr_data.CTRSpec(rows=cfg["rows"], seed=cfg["seed"])
             if data_format == "parquet":
                 ctr_data.write(spark, spec, data_path)
@@ -193,8 +193,8 @@ def main(argv: list[str], spark=None) -> dict:
     test = ctr_features(raw_test, ctr_data.DENSE_COLS, ctr_data.CAT_COLS, vocab, keep)
     if cfg.get("features_dir"):  # materialized once; every epoch reads the files (docs/performance.md)
         for name, table in (("train", train), ("test", test)):
-            table.write.mode("overwrite").parquet(os.path.join(cfg["features_dir"], name))
-        train, test = (spark.read.parquet(os.path.join(cfg["features_dir"], name)) for name in ("train", "test"))
+            table.write.mode("overwrite").parquet(output_path(cfg["features_dir"], name))
+        train, test = (spark.read.parquet(output_path(cfg["features_dir"], name)) for name in ("train", "test"))
     else:
         train, test = train.cache(), test.cache()
     n_train, n_test = train.count(), test.count()
@@ -236,10 +236,8 @@ def main(argv: list[str], spark=None) -> dict:
     exact_auc = BinaryClassificationEvaluator(rawPredictionCol="ctr", labelCol="label_d", numBins=0).evaluate(scored)
     bayes = ctr_data.bayes_metrics(test) if "p_true" in test.columns else None
 
-    model_path = os.path.join(out_dir, "ctr_model.keras")
-    model.save(model_path)
-    with open(os.path.join(out_dir, "vocabulary.json"), "w") as f:
-        f.write(vocab.to_json())  # serving maps raw values with it
+    model_path = save_model(model, out_dir, "ctr_model.keras")
+    write_output(out_dir, "vocabulary.json", vocab.to_json().encode())  # serving maps raw values with it
     samples = sum(e.samples for e in sm.stats.epochs)
     comm = communication(sm.stats)
     summary = {
@@ -275,10 +273,9 @@ def main(argv: list[str], spark=None) -> dict:
         "model_path": model_path,
         **where_it_ran(spark, sm.stats),
     }
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    summary_path = write_output(out_dir, "summary.json", json.dumps(summary, indent=2).encode())
     if run is not None:
-        tracking.finish_job_run(os.path.join(out_dir, "summary.json"), {"test_auc": exact_auc, "test_logloss": test_logs["loss"]})
+        tracking.finish_job_run(summary_path, {"test_auc": exact_auc, "test_logloss": test_logs["loss"]})
 
     print("\n=== sparkdl_train CTR job ===")
     print(f"model {cfg['model']}  mode {cfg['mode']}/{sm.stats.frequency}  workers {sm.stats.num_workers}  epochs {summary['epochs']}")

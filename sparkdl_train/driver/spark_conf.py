@@ -8,6 +8,7 @@ the ``spark.sparkdl_train.*`` entries in one call, :func:`conf_values` each name
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterable
 
 from ..config import CONF_PREFIX
@@ -34,3 +35,29 @@ def conf_values(sc: Any, keys: Iterable[str]) -> dict[str, str]:
         return {k: v for k, v in sc.getConf().getAll() if k in keys}
     values = {key: jconf.get(key, None) for key in keys}
     return {k: v for k, v in values.items() if v is not None}
+
+
+LOCALITY_WAIT = "spark.locality.wait"
+
+
+@contextlib.contextmanager
+def no_locality_wait(sc: Any):
+    """While a fit runs, the scheduler does not wait for data locality (``spark.locality.wait`` 0 in the
+    context's live conf, which every new task set reads; restored after). A fit's training tasks prefer
+    the executors that cached their partitions; a DataFrame cached on fewer executors than the fit has
+    workers would otherwise run its tasks one after another there (each wait is 3 s, an epoch's task often
+    less), not side by side on every executor (seen on YARN: an asynchronous fit of two workers on one
+    container of two)."""
+    jconf = _jconf(sc)
+    if jconf is None:  # a Spark Connect client or a stand-in context: the server's scheduler, not ours
+        yield
+        return
+    before = jconf.getOption(LOCALITY_WAIT)
+    jconf.set(LOCALITY_WAIT, "0s")
+    try:
+        yield
+    finally:
+        if before.isDefined():
+            jconf.set(LOCALITY_WAIT, before.get())
+        else:
+            jconf.remove(LOCALITY_WAIT)

@@ -35,7 +35,7 @@ from .prepare import PendingPrepare, remember_sample, start_prepare
 from .progress import FitProgress
 from .registration import on_cluster, wait_for_executors
 from .shared_refs import SharedRefs
-from .spark_conf import conf_values, settings_conf
+from .spark_conf import conf_values, no_locality_wait, settings_conf
 from .stats import EpochStats, FitStats
 
 log = logging.getLogger(__name__)
@@ -322,6 +322,8 @@ class SparkModel:
             # the job group, report server and the engine's servers live exactly this long
             with contextlib.ExitStack() as stack:
                 with phases("start"):
+                    if sc is not None:
+                        stack.enter_context(no_locality_wait(sc))  # tasks side by side on every executor
                     stack.enter_context(monitor)
                     engine = stack.enter_context(engine_cls(config, model, sc, launch))
                 cb.on_train_begin()

@@ -78,6 +78,14 @@ class FitStats:
         """The executors that ran this fit's training tasks (``"driver"`` in local mode)."""
         return sorted({str(i.get("executor_id")) for e in self.epochs for i in e.partitions.values()})
 
+    def containers(self) -> list[str]:
+        """The YARN containers that ran this fit's training tasks (empty off YARN)."""
+        return sorted({i["container"] for e in self.epochs for i in e.partitions.values() if i.get("container")})
+
+    def nodemanagers(self) -> list[str]:
+        """The YARN NodeManagers (``host:port``) whose containers ran this fit's training tasks."""
+        return sorted({i["nodemanager"] for e in self.epochs for i in e.partitions.values() if i.get("nodemanager")})
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "num_workers": self.num_workers,
@@ -88,6 +96,8 @@ class FitStats:
             "reports": self.reports,
             "master": self.master,
             "executor_ids": self.executor_ids(),
+            "containers": self.containers(),
+            "nodemanagers": self.nodemanagers(),
             "environment": self.environment,
             "tls": self.tls,
             "phases": self.phases,

@@ -39,9 +39,57 @@ def start_job(app_name: str, output: str, spark: Any = None) -> tuple[Any, bool,
         spark = submitted_session(app_name)
         spark.sparkContext.setLogLevel("WARN")
     check_executors(spark.sparkContext, session=spark)
+    if is_remote(output):  # hdfs://, s3a://...: written through Hadoop's FileSystem (write_output)
+        return spark, own_session, output.rstrip("/")
     out_dir = os.path.abspath(output)
     os.makedirs(out_dir, exist_ok=True)
     return spark, own_session, out_dir
+
+
+def is_remote(path: str) -> bool:
+    """A path with a scheme other than ``file:`` (``hdfs://``, ``s3a://``...): read and written through
+    Hadoop's FileSystem, not the driver's disk (a YARN cluster-mode driver's disk is its container's)."""
+    return "://" in path and not path.startswith("file:")
+
+
+def output_path(out_dir: str, name: str) -> str:
+    return f"{out_dir}/{name}" if is_remote(out_dir) else os.path.join(out_dir, name)
+
+
+def write_output(out_dir: str, name: str, data: bytes) -> str:
+    """Write one file of a job's output (a local folder or a Hadoop path); returns its path."""
+    path = output_path(out_dir, name)
+    if is_remote(out_dir):
+        from ..fs import FileSystem
+
+        FileSystem().write_bytes(path, data)
+    else:
+        with open(path, "wb") as f:
+            f.write(data)
+    return path
+
+
+def output_exists(path: str) -> bool:
+    if is_remote(path):
+        from ..fs import FileSystem
+
+        return FileSystem().exists(path)
+    return os.path.exists(path)
+
+
+def save_model(model: Any, out_dir: str, name: str) -> str:
+    """``model.save`` into a job's output: a local file, or written locally and copied to a Hadoop path."""
+    if not is_remote(out_dir):
+        path = os.path.join(out_dir, name)
+        model.save(path)
+        return path
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, name)
+        model.save(local)
+        with open(local, "rb") as f:
+            return write_output(out_dir, name, f.read())
 
 
 def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
@@ -58,6 +106,10 @@ def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
         "worker_pids": sorted({i["pid"] for i in parts}),
         "worker_hosts": sorted({i["host"] for i in parts}),
         "driver_pid": os.getpid(),
+        # on YARN: the containers the training tasks ran in, their NodeManagers, and the driver's own (cluster mode: the AM's)
+        "containers": stats.containers(),
+        "nodemanagers": stats.nodemanagers(),
+        "driver_container": os.environ.get("CONTAINER_ID"),
         "executor_environment": sorted(
             {(str(r.get("executor_id")), r["python"], r["modules"]["sparkdl_train"].get("file")) for r in env}
         ),

@@ -44,3 +44,17 @@ def executor_id():
     if not _found:
         _found.append(find_executor_id())
     return _found[0]
+
+
+def yarn_container():
+    """The YARN container this process runs in and the NodeManager that launched it
+    (``{"container": "container_..._000002", "nodemanager": "host:port"}``), from the environment
+    every NodeManager gives its containers and Spark's executors pass on to their Python workers;
+    ``{}`` off YARN."""
+    import os
+
+    container = os.environ.get("CONTAINER_ID")
+    if not container:
+        return {}
+    host, port = os.environ.get("NM_HOST"), os.environ.get("NM_PORT")
+    return {"container": container, "nodemanager": f"{host}:{port}" if host and port else None}

@@ -95,12 +95,13 @@ def task_identity() -> dict[str, Any]:
         from pyspark import TaskContext
     except ImportError:  # the executor's code driven without Spark (bench/gpu/check.py on a machine without pyspark)
         return {"attempt": 0, "stage": None, "task": None}
-    from .identity import executor_id
+    from .identity import executor_id, yarn_container
 
     ctx = TaskContext.get()
     if ctx is None:
         return {"attempt": 0, "stage": None, "task": None}
-    return {"attempt": ctx.attemptNumber(), "stage": ctx.stageId(), "task": ctx.taskAttemptId(), "executor": executor_id()}
+    return {"attempt": ctx.attemptNumber(), "stage": ctx.stageId(), "task": ctx.taskAttemptId(), "executor": executor_id(),
+            **yarn_container()}
 
 
 def _info(samples: int, steps: int, start: float) -> dict[str, Any]:

@@ -22,20 +22,17 @@ summary into its own folder under ``--output``: ``ctr/summary.json``, ``images/i
 """
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from helpers import digits_split, make_mlp
+from helpers import digits_split, load_job, make_mlp
 
 from sparkdl_train import SparkModel, to_simple_rdd
 from sparkdl_train.driver.submit import start_job, where_it_ran
 
 EPOCHS = 6
-JOBS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs")
 
 
 def rdd_fits(spark, out_dir: str) -> None:
@@ -119,18 +116,6 @@ def ps_wire_fits(spark, rdd, xt, yt) -> dict:
     return out
 
 
-def job(name: str):
-    """jobs/<name>.py as a module whose functions cloudpickle ships by value."""
-    from pyspark import cloudpickle
-
-    spec = importlib.util.spec_from_file_location(f"sparkdl_train_job_{name}", os.path.join(JOBS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    cloudpickle.register_pickle_by_value(module)
-    return module
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--output", required=True)
@@ -138,8 +123,8 @@ def main() -> None:
     p.add_argument("--images", required=True, help="train_images.py's arguments, as a JSON list")
     args = p.parse_args()
     spark, _, out_dir = start_job("sparkdl_train-standalone-jobs", args.output)
-    job("train_ctr").main([*json.loads(args.ctr), "--output", os.path.join(out_dir, "ctr")], spark=spark)
-    job("train_images").main([*json.loads(args.images), "--output", os.path.join(out_dir, "images")], spark=spark)
+    load_job("train_ctr").main([*json.loads(args.ctr), "--output", os.path.join(out_dir, "ctr")], spark=spark)
+    load_job("train_images").main([*json.loads(args.images), "--output", os.path.join(out_dir, "images")], spark=spark)
     rdd_fits(spark, os.path.join(out_dir, "rdd"))
     spark.stop()
 

@@ -131,3 +131,30 @@ def test_saved_settings_that_no_longer_apply_are_set_aside():
     assert kept == {"mode": "asynchronous", "staleness_bound": 2, "compression": "none"}
     assert dropped == {"epoch_retries": 1, "old_option": 3}
     EngineConfig(**kept)
+
+
+def test_a_fit_schedules_without_locality_wait_and_restores_the_users_setting(spark, digits):
+    """A fit's training tasks do not wait for the executors that cached their partitions (they would run one
+    after another there: seen on YARN, tests/cluster/test_yarn.py): spark.locality.wait is 0 in the live conf
+    while the fit's jobs run, and the user's value (or its absence) is back afterwards."""
+    import keras
+
+    from sparkdl_train.driver.spark_conf import no_locality_wait
+
+    sc = spark.sparkContext
+    live = sc._jsc.sc().conf()
+    x, y, _, _ = digits
+    seen = []
+
+    class Probe(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(live.get("spark.locality.wait"))
+
+    assert not live.contains("spark.locality.wait")
+    SparkModel(make_mlp(), num_workers=2).fit(sc.parallelize(list(zip(x[:200], y[:200])), 2), epochs=1, batch_size=32,
+                                              verbose=0, callbacks=[Probe()])
+    assert seen == ["0s"] and not live.contains("spark.locality.wait")
+    with spark_conf(sc, "spark.locality.wait", "5s"):
+        with no_locality_wait(sc):
+            assert live.get("spark.locality.wait") == "0s"
+        assert live.get("spark.locality.wait") == "5s"

@@ -19,6 +19,12 @@ RUN_BY = {
                "./run test": ".ci/run"},
     "Clusters": {"./run pack": "tests/conftest.py::env_archive",
                  "./run submit": "tests/cluster/test_standalone.py::test_the_readme_cluster_commands_train_on_the_standalone_cluster"},
+    "YARN": {'eval "$(./run yarn up)"': "tests/cluster/test_yarn.py::yarn",
+             "./run hdfs dfs -put": "tests/cluster/test_yarn.py::yarn",
+             "./run submit --load-spark-defaults --properties-file conf/spark-defaults.yarn.conf jobs/train_ctr.py":
+                 "tests/cluster/test_yarn.py::test_readme_client_mode_line_trains_in_yarn_containers_from_hdfs",
+             "./run submit --load-spark-defaults --properties-file conf/spark-defaults.yarn.conf --deploy-mode cluster":
+                 "tests/cluster/test_yarn.py::test_cluster_mode_line_resumes_from_its_hdfs_checkpoint_when_the_application_master_is_lost"},
 }
 
 
@@ -46,6 +52,11 @@ def test_ci_runs_the_readmes_test_command():
 def test_every_cluster_command_is_run_by_a_test():
     found = _covered("Clusters")
     assert {c.split()[1] for c in found} == {"pack", "submit"}, found
+
+
+def test_every_yarn_command_is_run_by_a_test():
+    found = _covered("YARN")
+    assert len(found) == 4, found
 
 
 def test_the_parser_joins_continuations_and_drops_comments():

@@ -1,0 +1,269 @@
+"""The project on YARN with HDFS: README.md's YARN lines run as written against the mini cluster they start
+(`./run yarn up`: a ResourceManager, two NodeManagers, a NameNode and a DataNode; minicluster/), every engine
+on it, the ApplicationMaster lost in cluster mode and the application killed under a running fit.
+
+The cluster's daemons and containers get a minimal environment (no virtualenv, no PYTHONPATH): the executors
+and a cluster-mode driver run ./environment/bin/python from the `./run pack` archive, localized from HDFS.
+Every test asserts where the tasks ran: YARN container ids on both NodeManagers, never the driver."""
+
+import atexit
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import readme
+from helpers import ROOT, SCRIPTS
+
+from minicluster.hadoop import MiniHadoop, processes_under
+
+RUN = os.path.join(ROOT, "run")
+DRIVER_PATH = os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "support")])  # tests/scripts' imports, on the driver only
+ROWS = 100_000  # the README's cluster-mode line generates as many rows (seed 42) as the test writes for the others
+
+
+class Yarn:
+    def __init__(self, cluster: MiniHadoop, env: dict):
+        self.cluster, self.env = cluster, env
+
+    def run(self, command: str, timeout: float = 1200, **env) -> subprocess.CompletedProcess:
+        """A command (a README line: its ./run made absolute) in a new user's shell pointed at this cluster, from
+        the checkout (the README's relative paths)."""
+        if command.startswith("./run "):
+            command = readme.substitute(command, {"./run ": RUN + " "})
+        return readme.run(command, ROOT, timeout=timeout, SPARK_LOCAL_IP="127.0.0.1", **self.env, **env)
+
+    def summary(self, path: str) -> dict:
+        return json.loads(self.cluster.hdfs("-cat", path))
+
+    def nodemanagers(self) -> set[str]:
+        return {n["node"] for n in self.cluster.nodes()}
+
+
+def yarn_lines() -> dict[str, str]:
+    lines = readme.commands("YARN")
+    return {"up": next(c for c in lines if "./run yarn up" in c), "put": next(c for c in lines if c.startswith("./run hdfs dfs -put")),
+            "client": next(c for c in lines if c.startswith("./run submit") and "--deploy-mode cluster" not in c),
+            "cluster": next(c for c in lines if c.startswith("./run submit") and "--deploy-mode cluster" in c)}
+
+
+@pytest.fixture(scope="module")
+def yarn(tmp_path_factory, env_archive, spark):
+    """README's `eval "$(./run yarn up)"` under a scratch SDT_YARN_DIR, then its `./run hdfs dfs -put` of the archive
+    (from the folder the README's pack line wrote it to) and the CTR data the client-mode line reads; the
+    cluster is stopped by pid at the end, whatever happens."""
+    from sparkdl_train.datasets import ctr
+
+    where = tmp_path_factory.mktemp("yarn")
+    env = {"SDT_YARN_DIR": str(where / "cluster")}
+    lines = yarn_lines()
+    try:
+        proc = readme.run(readme.substitute(lines["up"], {"./run ": RUN + " "}) + ' && echo "HADOOP_CONF_DIR=$HADOOP_CONF_DIR"'
+                          ' && echo "SPARK_CONF_DIR=$SPARK_CONF_DIR"', str(where), timeout=900, **env)
+    finally:
+        if os.path.exists(where / "cluster" / "state.json"):
+            atexit.register(MiniHadoop.attach(str(where / "cluster")).stop)
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key in ("HADOOP_CONF_DIR", "SPARK_CONF_DIR") and value:
+            env[key] = value
+    cluster = MiniHadoop.attach(str(where / "cluster"))
+    try:
+        assert env["HADOOP_CONF_DIR"] == cluster.hadoop_conf_dir and env["SPARK_CONF_DIR"] == cluster.spark_conf_dir, env
+        assert len(cluster.nodes()) == 2 and {n["state"] for n in cluster.nodes()} == {"RUNNING"}, cluster.nodes()
+        readme.run(readme.substitute(lines["put"], {"./run ": RUN + " "}), os.path.dirname(env_archive), timeout=600, **env)
+        ctr.write(spark, ctr.CTRSpec(rows=ROWS, seed=42), cluster.fs_uri + "/data/ctr")
+        yield Yarn(cluster, env)
+    finally:
+        cluster.stop()
+        assert not cluster.alive() and not cluster.container_pids()
+
+
+def assert_ran_in_containers(s: dict, yarn: Yarn, workers: int = 2) -> None:
+    """The training tasks ran in YARN containers of this application on both NodeManagers, from the shipped
+    archive unpacked by the NodeManagers, never in the driver's process or the checkout."""
+    assert s["master"] == "yarn", s["master"]
+    app = s["application_id"].split("_", 1)[1]
+    assert len(s["containers"]) >= workers and all(c.startswith(f"container_{app}_") for c in s["containers"]), s["containers"]
+    assert len(s["nodemanagers"]) == 2 and set(s["nodemanagers"]) <= yarn.nodemanagers(), (s["nodemanagers"], yarn.nodemanagers())
+    assert "driver" not in s["executor_ids"] and s["driver_pid"] not in s["worker_pids"], s
+    assert s["driver_container"] not in s["containers"]
+    for _, python, module in s["executor_environment"]:
+        assert python.endswith("/environment/bin/python") and python.startswith(yarn.cluster.root), python
+        assert "/environment/lib/" in module and not module.startswith(ROOT + "/sparkdl_train"), module
+
+
+@pytest.fixture(scope="module")
+def client_run(yarn):
+    """README's client-mode line: the driver here, Parquet from HDFS, the model and summary to HDFS."""
+    proc = yarn.run(yarn_lines()["client"])
+    assert "test AUC" in proc.stdout, proc.stdout[-3000:]
+    return yarn.summary("/user/me/ctr/summary.json")
+
+
+def test_readme_client_mode_line_trains_in_yarn_containers_from_hdfs(yarn, client_run):
+    s = client_run
+    assert s["deploy_mode"] == "client" and s["driver_container"] is None
+    assert_ran_in_containers(s, yarn)
+    assert s["mode"] == "asynchronous" and s["workers"] == 2 and s["train_rows"] + s["test_rows"] == ROWS, s
+    assert s["data"] == "hdfs:///data/ctr" and s["data_format"] == "parquet"
+    assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, (s["test_auc"], s["bayes_auc"])
+    assert s["model_path"] == "hdfs:///user/me/ctr/ctr_model.keras"
+    assert "ctr_model.keras" in yarn.cluster.hdfs("-ls", "/user/me/ctr")
+
+
+def test_every_engine_trains_in_yarn_containers(yarn, tmp_path):
+    """tests/scripts/yarn_jobs.py engines: the flagship job once per engine in one application submitted with
+    conf/spark-defaults.yarn.conf, each near the Bayes-optimal AUC, each in containers on both NodeManagers."""
+    out = tmp_path / "engines"
+    cmd = (f"{RUN} submit --load-spark-defaults --properties-file conf/spark-defaults.yarn.conf {SCRIPTS}/yarn_jobs.py engines "
+           f"--data hdfs:///data/ctr --output {out}")
+    yarn.run(cmd, PYTHONPATH=DRIVER_PATH)  # the driver's own imports; not the executors'
+    import yarn_jobs
+
+    for name, _ in yarn_jobs.ENGINES:
+        with open(out / name / "summary.json") as f:
+            s = json.load(f)
+        assert_ran_in_containers(s, yarn)
+        assert s["workers"] == 2 and s["epochs"] == 2, (name, s["workers"], s["epochs"])
+        assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, (name, s["test_auc"], s["bayes_auc"])
+    engines = {name: json.load(open(out / name / "summary.json"))["communication"]["engine"] for name, _ in yarn_jobs.ENGINES}
+    assert engines == {"averaging": "spark_averaging", "synchronous_ps": "parameter_server", "hogwild": "parameter_server",
+                       "allreduce_ring": "allreduce", "allreduce_batch": "allreduce"}, engines
+
+
+def _container_dirs(yarn: Yarn, container: str) -> list[str]:
+    """The folders of a container (a glob pattern): its working directory and its log directory."""
+    # <root>/yarn/yarn/yarn-*/yarn-localDir-nm-*/usercache/<user>/appcache/<application>/<container>, and
+    # <root>/yarn/yarn/yarn-*/yarn-logDir-nm-*/<application>/<container>
+    return glob.glob(os.path.join(yarn.cluster.root, "yarn", *["*"] * 7, container)) + \
+        glob.glob(os.path.join(yarn.cluster.root, "yarn", *["*"] * 4, container))
+
+
+def test_cluster_mode_line_resumes_from_its_hdfs_checkpoint_when_the_application_master_is_lost(yarn, client_run, tmp_path):
+    """README's cluster-mode line: the driver in the ApplicationMaster's container. Its processes are killed
+    once it logs the second epoch (the first epoch's checkpoint is written before the second starts); YARN
+    starts a second attempt (spark.yarn.maxAppAttempts 2 in conf/spark-defaults.yarn.conf), which resumes
+    from the checkpoint on HDFS (--resume) and ends as good as the uninterrupted client-mode run."""
+    command = readme.substitute(yarn_lines()["cluster"], {"./run ": RUN + " "})
+    env = readme.clean_env(SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1", **yarn.env)
+    before = set(_container_dirs(yarn, "container_*_01_000001"))
+    log = tmp_path / "submit.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    killed = None
+    try:
+        deadline = time.monotonic() + 900
+        while killed is None and proc.poll() is None and time.monotonic() < deadline:
+            for am in set(_container_dirs(yarn, "container_*_01_000001")) - before:  # this application's first attempt
+                stdout = os.path.join(am, "stdout")  # the driver's Python logs, through the ApplicationMaster's stdout
+                if "logDir" in am and os.path.exists(stdout) and re.search(r"epoch 2/\d+ loss", open(stdout, errors="replace").read()):
+                    container = os.path.basename(am)
+                    pids = processes_under([d for d in _container_dirs(yarn, container) if "appcache" in d])
+                    for pid in pids:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    killed = {"container": container, "pids": pids}
+            time.sleep(0.2)
+        assert killed and killed["pids"], f"no ApplicationMaster logged its second epoch:\n{log.read_text()[-4000:]}"
+        proc.wait(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, log.read_text()[-6000:]
+    s = yarn.summary("/user/me/ctr_cluster/summary.json")
+    assert s["deploy_mode"] == "cluster" and s["driver_container"].endswith("_02_000001"), s["driver_container"]  # the second attempt
+    assert_ran_in_containers(s, yarn)
+    assert s["resumed_from_epoch"] is not None and s["resumed_from_epoch"] >= 1, s["resumed_from_epoch"]
+    # the second attempt trained the epochs after the checkpoint: 4 in all
+    assert s["epochs"] == len(s["epoch_samples"]) == 4 - s["resumed_from_epoch"], s
+    assert s["data"].startswith("hdfs:///user/me/ctr_cluster/ctr_data_") and s["train_rows"] + s["test_rows"] == ROWS
+    assert s["test_auc"] >= client_run["test_auc"] - 0.01 and s["test_auc"] > s["bayes_auc"] - 0.05, (s["test_auc"], client_run["test_auc"])
+
+
+def _yarn_jobs(yarn: Yarn, args: str, on_line, timeout: float = 900) -> tuple[int, str]:
+    """tests/scripts/yarn_jobs.py submitted in client mode with conf/spark-defaults.yarn.conf; ``on_line(line, app)``
+    sees each line of its output as it comes (``app``: the application id once the script printed it).
+    Returns its exit status and output."""
+    cmd = f"{RUN} submit --load-spark-defaults --properties-file conf/spark-defaults.yarn.conf {SCRIPTS}/yarn_jobs.py {args}"
+    env = readme.clean_env(SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1", PYTHONPATH=DRIVER_PATH, **yarn.env)
+    proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    app, lines = None, []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("APPLICATION "):
+                app = line.split()[1]
+            if app:
+                on_line(line, app)
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, "".join(lines)
+
+
+def test_an_application_killed_with_yarn_application_kill_ends_the_fit_in_bounded_time(yarn, tmp_path):
+    """`./run yarn application -kill ID` under a running asynchronous fit (tests/scripts/yarn_jobs.py killed, a
+    driver that outlives its fit as a notebook's does): the fit fails within seconds with a message, and the
+    fit's servers are gone: no thread of theirs, no port left listening."""
+    out = tmp_path / "killed"
+    kill_at = []
+
+    def kill(line, app):
+        if not kill_at and line.startswith("Epoch 2/200"):
+            yarn.cluster.yarn("application", "-kill", app)
+            kill_at.append(time.time())
+
+    _, text = _yarn_jobs(yarn, f"killed --data hdfs:///data/ctr --epochs 200 --output {out}", kill, timeout=600)
+    assert kill_at, text[-4000:]
+    kill_at, app = kill_at[0], re.search(r"APPLICATION (\S+)", text).group(1)
+    with open(out / "killed.json") as f:
+        k = json.load(f)
+    assert k["application_id"] == app and k["error"], k
+    assert 1 <= k["epochs_done"] < 200, k["epochs_done"]
+    assert k["failed_at"] - kill_at < 60, k["failed_at"] - kill_at
+    assert k["ports_left"] == [], k
+    assert not [t for t in k["threads_left"] if "sparkdl" in t.lower() or "server" in t.lower()], k["threads_left"]
+    print(json.dumps({key: k[key] for key in ("error", "threads_left", "ports_left")}, indent=1), file=sys.stderr)
+
+
+def test_a_nodemanager_lost_mid_fit_costs_its_containers_not_the_fit(yarn, tmp_path):
+    """The NodeManager of one executor (not the ApplicationMaster's) stopped in the second epoch of an
+    asynchronous fit (tests/scripts/yarn_jobs.py lost-node): its container dies with it, the lost tasks run
+    again on the surviving executor (YARN's replacement comes later than these short epochs end), and the fit
+    trains every row of every epoch and ends near the Bayes-optimal AUC with its last epoch on the surviving
+    node only. Last in this module: the node stays lost."""
+    out = tmp_path / "lost_node"
+    nodes = {n["index"]: n["node"] for n in yarn.cluster.nodes()}
+    lost = []
+
+    def stop_a_node(line, app):
+        if not lost and line.startswith("Epoch 2/4"):
+            (am_log,) = [d for d in _container_dirs(yarn, f"container_{app.split('_', 1)[1]}_01_000001") if "logDir" in d]
+            am_index = int(re.search(r"yarn-logDir-nm-(\d+)_", am_log).group(1))
+            victim = next(i for i in nodes if i != am_index)
+            yarn.cluster.command(f"stop-nm {victim}")
+            lost.append(nodes[victim])
+
+    code, text = _yarn_jobs(yarn, f"lost-node --data hdfs:///data/ctr --epochs 4 --output {out}", stop_a_node)
+    assert lost and code == 0, text[-6000:]
+    lost = lost[0]
+    with open(out / "lost_node.json") as f:
+        s = json.load(f)
+    epochs = s["epochs"]
+    assert len(epochs) == 4, epochs
+    assert lost in epochs[0]["nodemanagers"] and len(epochs[0]["nodemanagers"]) == 2, (lost, epochs[0])
+    assert lost not in epochs[-1]["nodemanagers"], (lost, epochs[-1])  # the last epoch on the surviving node
+    gone = set(epochs[0]["containers"]) - set(epochs[-1]["containers"])
+    assert len(gone) == 1 and set(epochs[-1]["containers"]) <= set(s["containers"]), epochs  # the lost one's left
+    assert all(e["samples"] >= s["train_rows"] for e in epochs), ([e["samples"] for e in epochs], s["train_rows"])
+    assert s["auc"] > 0.83, s["auc"]

@@ -1,0 +1,146 @@
+"""Submitted by tests/cluster/test_yarn.py to the YARN mini cluster in client mode, with the shipped archive
+(conf/spark-defaults.yarn.conf): the driver runs here, the tasks in YARN containers.
+
+``engines``: the flagship job (``jobs/train_ctr.py``'s ``main`` on this application's session) once per engine
+on the same Parquet data on HDFS, each writing its summary to ``<output>/<engine>/summary.json`` (one
+application: the containers start and import TensorFlow once for all).
+
+``killed``: what a notebook's driver sees when the application is killed under it (``yarn application
+-kill``) during a long fit: the fit fails, and this process stays alive to report how long the failure
+took, its message, and which of the fit's threads and listening sockets are left (``<output>/killed.json``).
+
+``lost-node``: an asynchronous fit during which the test stops the NodeManager of one executor: where each
+epoch's tasks ran and the held-out AUC (``<output>/lost_node.json``).
+"""
+
+import argparse
+import json
+import os
+import threading
+import time
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from helpers import load_job
+
+from sparkdl_train.driver.submit import start_job
+
+# (name, train_ctr.py arguments): every engine (docs/engines.md)
+ENGINES = [
+    ("averaging", ["--mode", "synchronous", "--frequency", "epoch"]),
+    ("synchronous_ps", ["--mode", "synchronous", "--frequency", "4"]),
+    ("hogwild", ["--mode", "hogwild"]),
+    ("allreduce_ring", ["--mode", "allreduce"]),  # the job's default: the state averaged through the ring each epoch
+    ("allreduce_batch", ["--mode", "allreduce", "--frequency", "batch"]),
+]
+
+
+def listening_ports(pid: int) -> list[int]:
+    """TCP ports this process listens on (its sockets' inodes in /proc/net/tcp*, state LISTEN)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:
+                    ports.append(int(cols[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def engines(spark, args, out_dir: str) -> None:
+    ctr = load_job("train_ctr")
+    for name, extra in ENGINES:
+        ctr.main(["--data", args.data, "--epochs", str(args.epochs), "--workers", "2", *extra,
+                  "--output", os.path.join(out_dir, name)], spark=spark)
+
+
+def features(spark, data: str):
+    """The job's feature tables from the CTR data (train cached on the executors, test), and the model."""
+    from pyspark.sql import functions as F
+
+    from sparkdl_train.datasets import ctr as ctr_data
+    from sparkdl_train.models.ctr import MODELS, build_vocabulary, ctr_features
+
+    df = spark.read.parquet(data)
+    is_test = F.pmod(F.xxhash64(F.col("id"), F.lit(42)), F.lit(1000)) < F.lit(100)
+    vocab = build_vocabulary(df.where(~is_test), ctr_data.CAT_COLS, min_count=5, max_size=65536)
+    train, test = (ctr_features(d, ctr_data.DENSE_COLS, ctr_data.CAT_COLS, vocab, ["label"])
+                   for d in (df.where(~is_test), df.where(is_test)))
+    train = train.repartition(2).cache()
+    train.count()
+    model = MODELS["deepfm"](vocab_size=vocab.size, embed_dim=8, hidden=(64, 32), learning_rate=0.002)
+    return train, test, model
+
+
+COLUMNS = {"feature_cols": {"numeric": "numeric", "categorical": "categorical"}, "label_col": "label"}
+
+
+def killed(spark, args, out_dir: str) -> None:
+    from sparkdl_train import SparkModel
+
+    train, _, model = features(spark, args.data)
+    before_threads = {t.name for t in threading.enumerate()}
+    before_ports = listening_ports(os.getpid())
+    sm = SparkModel(model, mode="asynchronous", frequency=4, num_workers=2)
+    print(f"APPLICATION {spark.sparkContext.applicationId}", flush=True)
+    out = {"application_id": spark.sparkContext.applicationId}
+    started = time.monotonic()
+    try:
+        sm.fit(train, epochs=args.epochs, batch_size=512, verbose=1, **COLUMNS)
+        out["error"] = None
+    except BaseException as exc:  # what the notebook's cell shows
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        out["traceback"] = traceback.format_exc()[-4000:]
+    out["failed_at"] = time.time()
+    out["fit_seconds"] = time.monotonic() - started
+    out["epochs_done"] = len(sm.stats.epochs)
+    time.sleep(2)  # servers' threads given a moment to end after the fit's cleanup
+    out["threads_left"] = sorted({t.name for t in threading.enumerate()} - before_threads)
+    out["ports_left"] = sorted(set(listening_ports(os.getpid())) - set(before_ports))
+    with open(os.path.join(out_dir, "killed.json"), "w") as f:
+        json.dump(out, f, indent=2)
+
+
+def lost_node(spark, args, out_dir: str) -> None:
+    """An asynchronous fit during which the test stops a NodeManager: where each epoch's tasks ran, the
+    rows each epoch trained on, and the held-out AUC at the end."""
+    from sparkdl_train import SparkModel
+    from sparkdl_train.driver.submit import where_it_ran
+
+    train, test, model = features(spark, args.data)
+    sm = SparkModel(model, mode="asynchronous", frequency=4, num_workers=2)
+    print(f"APPLICATION {spark.sparkContext.applicationId}", flush=True)
+    sm.fit(train, epochs=args.epochs, batch_size=512, verbose=1, **COLUMNS)
+    logs = sm.evaluate(test, batch_size=4096, return_dict=True, **COLUMNS)
+    out = {**where_it_ran(spark, sm.stats), "auc": logs["auc"], "train_rows": train.count(),
+           "epochs": [{"samples": e.samples,
+                       "containers": sorted({i.get("container") for i in e.partitions.values()}),
+                       "nodemanagers": sorted({i.get("nodemanager") for i in e.partitions.values()})} for e in sm.stats.epochs]}
+    with open(os.path.join(out_dir, "lost_node.json"), "w") as f:
+        json.dump(out, f, indent=2)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["engines", "killed", "lost-node"])
+    p.add_argument("--data", required=True)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--output", required=True)
+    args = p.parse_args()
+    spark, _, out_dir = start_job(f"sparkdl_train-yarn-{args.what}", args.output)
+    {"engines": engines, "killed": killed, "lost-node": lost_node}[args.what](spark, args, out_dir)
+    if args.what != "killed":
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
