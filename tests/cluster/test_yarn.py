@@ -23,7 +23,9 @@ from helpers import ROOT, SCRIPTS
 from minicluster.hadoop import MiniHadoop, processes_under
 
 RUN = os.path.join(ROOT, "run")
-DRIVER_PATH = os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "support")])  # tests/scripts' imports, on the driver only
+# tests/scripts/yarn_jobs.py's own imports (tests/support/jobfiles.py). Never the checkout's root: YARN's client passes
+# PYTHONPATH on to the containers, whose executors would then import sparkdl_train from the checkout
+DRIVER_PATH = os.path.join(ROOT, "tests", "support")
 ROWS = 100_000  # the README's cluster-mode line generates as many rows (seed 42) as the test writes for the others
 
 

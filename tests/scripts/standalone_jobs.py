@@ -27,7 +27,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from helpers import digits_split, load_job, make_mlp
+from helpers import digits_split, make_mlp
+from jobfiles import load_job
 
 from sparkdl_train import SparkModel, to_simple_rdd
 from sparkdl_train.driver.submit import start_job, where_it_ran

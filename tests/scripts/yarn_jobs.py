@@ -22,7 +22,7 @@ import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from helpers import load_job
+from jobfiles import load_job
 
 from sparkdl_train.driver.submit import start_job
 

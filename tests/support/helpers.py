@@ -202,19 +202,3 @@ def spark_jobs(sc):
         opt = lambda o: o.get() if o.isDefined() else None  # noqa: E731
         out.append((j.jobId(), opt(j.description()), opt(j.jobGroup())))
     return [(d, g) for _, d, g in sorted(out, key=lambda t: t[0])]
-
-
-def load_job(name: str):
-    """jobs/<name>.py as a module whose functions cloudpickle ships by value (executors cannot import jobs/):
-    what the scripts that run several jobs in one application call (tests/scripts/standalone_jobs.py, yarn_jobs.py)."""
-    import importlib.util
-    import sys
-
-    from pyspark import cloudpickle
-
-    spec = importlib.util.spec_from_file_location(f"sparkdl_train_job_{name}", os.path.join(ROOT, "jobs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    cloudpickle.register_pickle_by_value(module)
-    return module
