@@ -53,7 +53,9 @@ def is_remote(path: str) -> bool:
 
 
 def output_path(out_dir: str, name: str) -> str:
-    return f"{out_dir}/{name}" if is_remote(out_dir) else os.path.join(out_dir, name)
+    from ..fs import join
+
+    return join(out_dir, name) if is_remote(out_dir) else os.path.join(out_dir, name)
 
 
 def write_output(out_dir: str, name: str, data: bytes) -> str:
@@ -83,13 +85,9 @@ def save_model(model: Any, out_dir: str, name: str) -> str:
         path = os.path.join(out_dir, name)
         model.save(path)
         return path
-    import tempfile
+    from ..model_io import save_archive
 
-    with tempfile.TemporaryDirectory() as tmp:
-        local = os.path.join(tmp, name)
-        model.save(local)
-        with open(local, "rb") as f:
-            return write_output(out_dir, name, f.read())
+    return write_output(out_dir, name, save_archive(model))
 
 
 def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
