@@ -25,6 +25,7 @@ SPARK_ERRORS = ("PythonException", "Py4JJavaError", "SparkException", "UnknownEx
 class Cause(str, enum.Enum):
     CANCELLED = "cancelled"  # the job (group or tag) was cancelled: Spark UI, cancel(), stop_training
     WORKER_LOST = "worker_lost"  # the task's Python worker died (killed, out of memory, crashed)
+    CONTAINER_MEMORY = "container_memory"  # the cluster manager killed the executor's container for its memory
     EXECUTOR_LOST = "executor_lost"  # the executor (JVM, container, node) went away
     CONNECTION_LOST = "connection_lost"  # a peer's socket reset or broke (its process died)
     TIMEOUT = "timeout"  # a peer or a round never answered within its timeout
@@ -36,6 +37,8 @@ class Cause(str, enum.Enum):
 _RULES: tuple[tuple[Cause, re.Pattern], ...] = (
     (Cause.CANCELLED, re.compile(r"Job \d+ cancelled|\[OPERATION_CANCELED\]")),
     (Cause.USER_ERROR, re.compile(r"sparkdl_train\.errors\.(?:DataError|TransformError|ModelError|ConfigError)")),
+    (Cause.CONTAINER_MEMORY, re.compile(r"Container killed by YARN for exceeding \w+ memory limits|"
+                                        r"Container from a bad node: .* exceeding \w+ memory|OOMKilled")),
     (Cause.WORKER_LOST, re.compile(r"Python worker exited unexpectedly")),
     (Cause.EXECUTOR_LOST, re.compile(r"ExecutorLostFailure|Executor lost|executor \S+ exited|Lost executor")),
     (Cause.TIMEOUT, re.compile(r"RingTimeout|RoundTimeout|not complete after [\d.]+ s|timed out")),
@@ -44,6 +47,10 @@ _RULES: tuple[tuple[Cause, re.Pattern], ...] = (
 _TASK = re.compile(r"[Tt]ask (\d+)(?:\.\d+)? in stage|barrier task \w*Task\(\d+, (\d+)\)")
 # the lost executor's id, and the line that says so ("ExecutorLostFailure (executor 10 exited ...) Reason: ...")
 _EXECUTOR = re.compile(r"ExecutorLostFailure \(executor (\S+?)\b[^\n]*|Lost executor (\S+) on[^\n]*|executor (\S+) exited[^\n]*")
+_MEMORY_LINE = re.compile(r"Container killed by YARN for exceeding[^\n]*|[^\n]*OOMKilled[^\n]*")
+# what to change, when the cluster manager's own line does not say it
+MEMORY_ADVICE = ("TensorFlow's memory is native, outside the JVM heap, and counts against the container: raise "
+                 "spark.executor.memoryOverhead (or spark.executor.memory)")
 _CANCELLED_LINE = re.compile(r"Job \d+ cancelled[^\n]*|\[OPERATION_CANCELED\][^\n]*")
 _CAUSE_LINES = ("sparkdl_train.", "ValueError", "TypeError", "RuntimeError", "KeyError", "MemoryError")
 
@@ -78,6 +85,14 @@ def classify_text(text: str) -> SparkFailure:
     if cause is Cause.CANCELLED:
         line = _CANCELLED_LINE.search(text)
         summary = line.group(0) if line else "cancelled"
+    elif cause is Cause.CONTAINER_MEMORY:
+        lost = _EXECUTOR.search(text)
+        executor = next((g for g in lost.groups() if g), None) if lost else None
+        line = _MEMORY_LINE.search(text)
+        summary = (f"executor {executor}'s " if executor else "an executor's ") + "container was killed for its memory: " + \
+            (line.group(0).strip() if line else "over its limit")
+        if "spark.executor.memoryOverhead" not in summary:
+            summary += f" ({MEMORY_ADVICE})"
     elif cause is Cause.EXECUTOR_LOST and (lost := _EXECUTOR.search(text)):
         executor = next(g for g in lost.groups() if g)
         summary = f"executor {executor} was lost ({lost.group(0).strip()})"
@@ -86,13 +101,29 @@ def classify_text(text: str) -> SparkFailure:
     return SparkFailure(cause, partition, summary, text, executor)
 
 
+# A SparkContext that failed to start for a reason a second start does not share. Spark's YARN client
+# mode: the ApplicationMaster's AddWebUIFilter message is handled on an RPC thread while SparkContext
+# attaches the UI's handlers (SparkUI.attachAllHandlers, unsynchronized since SPARK-36237); when they
+# interleave, Jetty finds a filter mapping without its filter and the start fails. Seen in this
+# project's CI on a loaded machine; the next application's start does not race the same way.
+_START_RACES = re.compile(r"[\w.]*Exception: No filter named org\.apache\.spark\.deploy\.yarn\.AmIpFilter")
+
+
+def start_race(exc: BaseException) -> str | None:
+    """The line that says a failed session start is one of Spark's known start-up races (:data:`_START_RACES`),
+    worth one more start; ``None`` when it is not one."""
+    m = _START_RACES.search(str(exc))
+    return m.group(0) if m else None
+
+
 @dataclass(frozen=True)
 class FailurePolicy:
     """Decides by cause, never by message, whether a failed stage is worth running again.
 
     The default retries what a new stage can fix: a lost worker, executor or connection. A
-    timeout (a stalled rank would stall again), a user error (bad data, model or config) and
-    a task's own exception fail at once, as does a cancelled job.
+    timeout (a stalled rank would stall again), a container killed for its memory (the next one
+    would be too), a user error (bad data, model or config) and a task's own exception fail at
+    once, as does a cancelled job.
     """
 
     max_retries: int = 2

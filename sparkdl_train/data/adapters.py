@@ -153,9 +153,17 @@ class DataAdapter(ABC):
         return None
 
     def unshare(self, ref: Any) -> None:
+        """Releases what :meth:`share` shared; best effort: after the application was killed under a fit, the
+        release fails on a stopped context (a NullPointerException from Spark's BlockManagerMaster), and that
+        must not replace the error that ended the fit."""
         unpersist = getattr(ref, "unpersist", None)
-        if unpersist is not None:
+        if unpersist is None:
+            return
+        try:
             unpersist()
+        except Exception as exc:  # noqa: BLE001 - logged; the fit's own outcome stands
+            first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip().startswith(":")), str(exc)[:200])
+            log.warning("could not release a broadcast of the fit (is the SparkContext stopped?): %s", first[:300])
 
 
 # -- Spark helpers -----------------------------------------------------------------

@@ -304,6 +304,11 @@ def _collect_with_timeout(sc: Any, rdd: Any, timeout: float) -> list[Any]:
     try:
         return call.result()
     except BaseException as exc:  # noqa: BLE001 - reported as the environment's problem
+        from ..failures import Cause, classify
+
+        failure = classify(exc)
+        if failure is not None and failure.cause is Cause.CONTAINER_MEMORY:  # importing TensorFlow went over the limit
+            raise ConfigError(f"the executors could not run sparkdl_train's environment check: {failure.summary}") from exc
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise ConfigError(
             f"the executors could not run sparkdl_train's environment check (their Python did not start or "

@@ -3,8 +3,11 @@ and a record of where its training tasks ran."""
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
 
 
 def submitted_session(app_name: str) -> Any:
@@ -19,7 +22,36 @@ def submitted_session(app_name: str) -> Any:
     builder = SparkSession.builder
     if not SparkConf().contains("spark.app.name"):
         builder = builder.appName(app_name)
-    return builder.getOrCreate()
+    return start_session(builder.getOrCreate)
+
+
+def start_session(start: Callable[[], Any], attempts: int = 2) -> Any:
+    """``start()`` (a builder's ``getOrCreate``), started again when it failed in one of Spark's known
+    start-up races (:func:`sparkdl_train.failures.start_race`: YARN client mode's web-UI filter), at
+    most ``attempts`` times in all; any other failure is raised at once. For notebooks too:
+    ``spark = start_session(SparkSession.builder.master("yarn").getOrCreate)``."""
+    from ..failures import start_race
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return start()
+        except Exception as exc:  # noqa: BLE001 - py4j's errors; only the known races are retried
+            race = start_race(exc)
+            if attempt == attempts or race is None:
+                raise
+            log.warning("the Spark session failed to start in a known Spark start-up race (%s); starting it again "
+                        "(attempt %d of %d)", race, attempt + 1, attempts)
+            _forget_failed_start()
+    raise AssertionError("unreachable")
+
+
+def _forget_failed_start() -> None:
+    """What a failed start leaves for the next one in this JVM: the YARN proxy base path of the failed
+    application, set as a JVM system property that the next SparkConf would read back."""
+    from pyspark import SparkContext
+
+    if SparkContext._jvm is not None:
+        SparkContext._jvm.java.lang.System.clearProperty("spark.ui.proxyBase")
 
 
 def start_job(app_name: str, output: str, spark: Any = None) -> tuple[Any, bool, str]:

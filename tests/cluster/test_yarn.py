@@ -190,11 +190,12 @@ def test_cluster_mode_line_resumes_from_its_hdfs_checkpoint_when_the_application
     assert s["test_auc"] >= client_run["test_auc"] - 0.01 and s["test_auc"] > s["bayes_auc"] - 0.05, (s["test_auc"], client_run["test_auc"])
 
 
-def _yarn_jobs(yarn: Yarn, args: str, on_line, timeout: float = 900) -> tuple[int, str]:
-    """tests/scripts/yarn_jobs.py submitted in client mode with conf/spark-defaults.yarn.conf; ``on_line(line, app)``
-    sees each line of its output as it comes (``app``: the application id once the script printed it).
-    Returns its exit status and output."""
-    cmd = f"{RUN} submit --load-spark-defaults --properties-file conf/spark-defaults.yarn.conf {SCRIPTS}/yarn_jobs.py {args}"
+def _yarn_jobs(yarn: Yarn, args: str, on_line, timeout: float = 900, conf: str = "") -> tuple[int, str]:
+    """tests/scripts/yarn_jobs.py submitted in client mode with conf/spark-defaults.yarn.conf (and ``conf``: more
+    --conf options); ``on_line(line, app)`` sees each line of its output as it comes (``app``: the application id
+    once the script printed it). Returns its exit status and output."""
+    cmd = (f"{RUN} submit --load-spark-defaults --properties-file conf/spark-defaults.yarn.conf {conf} "
+           f"{SCRIPTS}/yarn_jobs.py {args}")
     env = readme.clean_env(SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1", PYTHONPATH=DRIVER_PATH, **yarn.env)
     proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     app, lines = None, []
@@ -231,11 +232,79 @@ def test_an_application_killed_with_yarn_application_kill_ends_the_fit_in_bounde
     with open(out / "killed.json") as f:
         k = json.load(f)
     assert k["application_id"] == app and k["error"], k
+    assert "unpersist" not in k["error"], k["error"]  # the fit's own error, not its cleanup's on a stopped context
     assert 1 <= k["epochs_done"] < 200, k["epochs_done"]
     assert k["failed_at"] - kill_at < 60, k["failed_at"] - kill_at
     assert k["ports_left"] == [], k
     assert not [t for t in k["threads_left"] if "sparkdl" in t.lower() or "server" in t.lower()], k["threads_left"]
     print(json.dumps({key: k[key] for key in ("error", "threads_left", "ports_left")}, indent=1), file=sys.stderr)
+
+
+_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kMG]?)(?:sample|/)")
+
+
+def _samples(bar_text: str) -> float | None:
+    """The samples a tqdm bar's text shows ("Epoch 1/2: 45.2k/90.0k [...]" or "...: 12.3ksample [...]")."""
+    m = _COUNT.search(bar_text.split(":", 1)[-1])
+    return float(m.group(1)) * {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}[m.group(2)] if m else None
+
+
+def test_the_yarn_notebook_runs_in_jupyterlab_as_a_person_sees_it(yarn, tmp_path):
+    """notebooks/yarn.ipynb opened in JupyterLab in headless Chromium (tests/support/notebook_browser.py), every
+    cell run from the Run menu by a real kernel, the driver of a client-mode application on the cluster: its
+    settings check shows conf/spark-defaults.yarn.conf all ok, the fit's progress bar is seen moving while the
+    fit runs (screenshots kept in test-artifacts/), and the training ran in YARN containers on both
+    NodeManagers near the Bayes-optimal AUC. The server and its kernel are stopped by pid; the application
+    ends when the notebook stops its session."""
+    from notebook_browser import Browser, JupyterLab, artifacts_dir, copy_notebook, run_all_cells
+
+    copy_notebook(os.path.join(ROOT, "notebooks", "yarn.ipynb"), str(tmp_path / "notebooks"))
+    env = readme.clean_env(SPARK_LOCAL_IP="127.0.0.1", YARN_SETTINGS=os.path.join(ROOT, "conf", "spark-defaults.yarn.conf"),
+                           YARN_DATA="hdfs:///data/ctr", YARN_EPOCHS="3", **yarn.env)
+    lab = JupyterLab(str(tmp_path), str(tmp_path / "lab"), env).start()
+    shots, seen, browser = artifacts_dir(ROOT), {}, None
+
+    def watch(seconds, cells):  # a screenshot the first time a bar is seen part way
+        moving = [b for c in cells for b in c["bars"] if b["width"] not in ("", "0%", "100%") and _samples(b["text"])]
+        if moving and "fit" not in seen:
+            seen["fit"] = browser.screenshot(os.path.join(shots, "jupyter_yarn_fit.png"))
+
+    try:
+        browser = Browser(str(tmp_path / "chromium"))
+        cells, snapshots = run_all_cells(browser, lab, "notebooks/yarn.ipynb", timeout=900, on_snapshot=watch)
+        done = browser.screenshot(os.path.join(shots, "jupyter_yarn_done.png"))
+    finally:
+        if browser is not None:
+            browser.quit()
+        killed = lab.stop()
+    text = "\n".join(c["output"] for c in cells)
+    prompts = [c["prompt"] for c in cells if c["code"]]
+    assert all(p not in ("", "[ ]:") for p in prompts), f"not every cell ran: {prompts}\n{text[-6000:]}"
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("RESULTS ")] or [None]
+    assert line, f"no RESULTS line:\n{text[-6000:]}"
+    r = json.loads(line[len("RESULTS "):].strip())
+    assert set(r["settings"].values()) == {"ok"}, r["settings"]
+    app = r["application_id"].split("_", 1)[1]
+    assert len(r["containers"]) >= 2 and all(c.startswith(f"container_{app}_") for c in r["containers"]), r
+    assert len(r["nodemanagers"]) == 2 and set(r["nodemanagers"]) <= yarn.nodemanagers(), r
+    assert "driver" not in r["executor_ids"] and r["epochs"] == 3, r
+    assert r["bayes_auc"] - 0.06 < r["test_auc"] <= r["bayes_auc"] + 0.005, r
+    # the person's view: the fit's bar moved while its cell ran, epoch by epoch, with both workers reporting
+    fit_index = next(i for i, c in enumerate(cells) if c["bars"])
+    states: dict[int, list[float]] = {}  # each epoch's bar: the sample counts it showed while the fit's cell ran
+    for _, snap in snapshots:
+        if snap[fit_index]["prompt"] != "[*]:":
+            continue
+        for j, bar in enumerate(snap[fit_index]["bars"]):
+            n = _samples(bar["text"])
+            if n is not None and (not states.get(j) or states[j][-1] != n):
+                states.setdefault(j, []).append(n)
+    assert len(states) == 3 and any(len(v) >= 3 and v == sorted(v) for v in states.values()), states
+    assert any("workers=2/2" in b["text"] for _, snap in snapshots for b in snap[fit_index]["bars"]), snapshots[-1]
+    for shot in (seen.get("fit"), done):
+        assert shot and open(shot, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(shot) > 20_000, shot
+    assert "State : FINISHED" in yarn.cluster.yarn("application", "-status", r["application_id"])
+    assert killed == [], killed  # the kernel ended with the server
 
 
 def test_a_nodemanager_lost_mid_fit_costs_its_containers_not_the_fit(yarn, tmp_path):

@@ -119,6 +119,23 @@ def test_a_lost_executor_is_named_with_its_partition():
     assert classify_text("Lost task 1.3 in stage 3.0 (TID 9): Python worker exited unexpectedly").executor is None
 
 
+def test_a_container_killed_for_its_memory_names_the_setting_to_raise_and_is_not_retried():
+    # the reason Spark's YARN allocator gives (YarnAllocator: exit status -104), as a task failure shows it
+    text = ("Job aborted due to stage failure: Task 1 in stage 4.0 failed 2 times, most recent failure: Lost task 1.1 in "
+            "stage 4.0 (TID 11) (127.0.0.1 executor 4): ExecutorLostFailure (executor 4 exited caused by one of the "
+            "running tasks) Reason: Container killed by YARN for exceeding physical memory limits. 1.1 GB of 1 GB "
+            "physical memory used. Consider boosting spark.executor.memoryOverhead.\n\tat org.apache.spark.scheduler")
+    f = classify_text(text)
+    assert (f.cause, f.executor, f.partition) == (Cause.CONTAINER_MEMORY, "4", 1)
+    assert f.summary == ("executor 4's container was killed for its memory: Container killed by YARN for exceeding physical "
+                         "memory limits. 1.1 GB of 1 GB physical memory used. Consider boosting spark.executor.memoryOverhead.")
+    # a line that does not say what to raise gets the advice
+    k8s = classify_text("ExecutorLostFailure (executor 2 exited caused by one of the running tasks) Reason: "
+                        "The executor with id 2 exited with exit code 137(SIGKILL, possible container OOM). OOMKilled")
+    assert k8s.cause is Cause.CONTAINER_MEMORY and "raise spark.executor.memoryOverhead" in k8s.summary
+    assert not FailurePolicy().should_retry(Cause.CONTAINER_MEMORY, 0)
+
+
 def test_classify_ignores_errors_that_are_not_spark_jobs():
     assert classify(ValueError("Python worker exited unexpectedly")) is None
 
@@ -130,3 +147,17 @@ def test_the_policy_retries_lost_ranks_only_and_only_so_often():
     for cause in (Cause.TIMEOUT, Cause.USER_ERROR, Cause.TASK_ERROR, Cause.CANCELLED, None):
         assert not policy.should_retry(cause, 0)
     assert not FailurePolicy(max_retries=0).should_retry(Cause.WORKER_LOST, 0)
+
+
+def test_releasing_a_broadcast_on_a_stopped_context_does_not_replace_the_fits_error(caplog):
+    """The YARN test's killed application: the fit failed, then its cleanup's unpersist raised Spark's
+    NullPointerException from a stopped context, and that was the error the notebook showed."""
+    from sparkdl_train.data.adapters import DataAdapter
+
+    class Stopped:
+        def unpersist(self):
+            raise RuntimeError("An error occurred while calling o533.unpersist.\n: java.lang.NullPointerException: Cannot "
+                               "invoke \"RpcEndpointRef.askSync\" because BlockManagerMaster.driverEndpoint() is null")
+
+    DataAdapter.unshare(None, Stopped())  # no exception
+    assert "could not release a broadcast" in caplog.text and "NullPointerException" in caplog.text
