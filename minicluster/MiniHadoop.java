@@ -61,6 +61,8 @@ public class MiniHadoop {
     conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, new File(dir, "dfs").getPath());
     conf.setInt("dfs.replication", 1);
     conf.setBoolean("dfs.permissions.enabled", true);
+    // MiniYARNCluster overwrites yarn.nodemanager.resource.memory-mb with its own key's value (default 4096)
+    conf.set("yarn.minicluster.yarn.nodemanager.resource.memory-mb", opt.getOrDefault("--nm-memory-mb", "4096"));
     conf.set("yarn.nodemanager.resource.memory-mb", opt.getOrDefault("--nm-memory-mb", "4096"));
     conf.set("yarn.nodemanager.resource.cpu-vcores", opt.getOrDefault("--nm-vcores", "4"));
     conf.set("yarn.scheduler.minimum-allocation-mb", "256");

@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="./run yarn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=["up", "down", "status", "env", "fetch"])
     p.add_argument("--nodemanagers", type=int, default=2)
-    p.add_argument("--nm-memory-mb", type=int, default=6144, help="memory each NodeManager offers containers")
+    p.add_argument("--nm-memory-mb", type=int, default=4096, help="memory each NodeManager offers containers")
     p.add_argument("--nm-vcores", type=int, default=4)
     args = p.parse_args(argv)
     where = _dir()
