@@ -105,8 +105,10 @@ def classify_text(text: str) -> SparkFailure:
 # mode: the ApplicationMaster's AddWebUIFilter message is handled on an RPC thread while SparkContext
 # attaches the UI's handlers (SparkUI.attachAllHandlers, unsynchronized since SPARK-36237); when they
 # interleave, Jetty finds a filter mapping without its filter and the start fails. Seen in this
-# project's CI on a loaded machine; the next application's start does not race the same way.
-_START_RACES = re.compile(r"[\w.]*Exception: No filter named org\.apache\.spark\.deploy\.yarn\.AmIpFilter")
+# project's CI on a loaded machine, in two forms: the missing filter, and Jetty's filter list modified while it
+# initialized a page (ConcurrentModificationException under attachAllHandlers). The next start does not race so.
+_START_RACES = re.compile(r"[\w.]*Exception: No filter named org\.apache\.spark\.deploy\.yarn\.AmIpFilter|"
+                          r"java\.util\.ConcurrentModificationException(?=[\s\S]*SparkUI\S*attachAllHandlers)")
 
 
 def start_race(exc: BaseException) -> str | None:

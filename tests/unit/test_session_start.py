@@ -12,6 +12,15 @@ RACE = ("An error occurred while calling None.org.apache.spark.api.java.JavaSpar
         "\tat org.sparkproject.jetty.ee10.servlet.ServletHandler.updateMappings(ServletHandler.java:1239)")
 
 
+# the second form, from a later CI run: Jetty's filter list changed while a page of the UI initialized
+RACE_CME = ("An error occurred while calling None.org.apache.spark.api.java.JavaSparkContext.\n"
+            ": java.util.ConcurrentModificationException\n"
+            "\tat java.base/java.util.ArrayList$ArrayListSpliterator.forEachRemaining(ArrayList.java:1631)\n"
+            "\tat org.sparkproject.jetty.ee10.servlet.ServletHandler.initialize(ServletHandler.java:687)\n"
+            "\tat org.apache.spark.ui.ServerInfo.addHandler(JettyUtils.scala:575)\n"
+            "\tat org.apache.spark.ui.SparkUI.$anonfun$attachAllHandlers$2(SparkUI.scala:84)")
+
+
 class Starts:
     """A builder's getOrCreate that fails with the given errors first, then returns a session."""
 
@@ -29,6 +38,13 @@ def test_a_start_lost_to_the_yarn_ui_filter_race_is_started_again(caplog):
     start = Starts(RuntimeError(RACE))
     assert start_session(start) == "session 2" and start.calls == 2
     assert "known Spark start-up race" in caplog.text and "AmIpFilter" in caplog.text
+
+
+def test_the_races_other_form_is_started_again_too():
+    start = Starts(RuntimeError(RACE_CME))
+    assert start_session(start) == "session 2"
+    # the same exception anywhere else is not the race
+    assert start_race(RuntimeError("java.util.ConcurrentModificationException\n\tat org.example.Other.run")) is None
 
 
 def test_the_race_twice_in_a_row_fails_with_sparks_own_error():
