@@ -47,7 +47,8 @@ _RULES: tuple[tuple[Cause, re.Pattern], ...] = (
 _TASK = re.compile(r"[Tt]ask (\d+)(?:\.\d+)? in stage|barrier task \w*Task\(\d+, (\d+)\)")
 # the lost executor's id, and the line that says so ("ExecutorLostFailure (executor 10 exited ...) Reason: ...")
 _EXECUTOR = re.compile(r"ExecutorLostFailure \(executor (\S+?)\b[^\n]*|Lost executor (\S+) on[^\n]*|executor (\S+) exited[^\n]*")
-_MEMORY_LINE = re.compile(r"Container killed by YARN for exceeding[^\n]*|[^\n]*OOMKilled[^\n]*")
+# the line that says so, in each form the rule above knows
+_MEMORY_LINE = re.compile(r"Container (?:killed by YARN|from a bad node)[^\n]*?exceeding[^\n]*|[^\n]*OOMKilled[^\n]*")
 # what to change, when the cluster manager's own line does not say it
 MEMORY_ADVICE = ("TensorFlow's memory is native, outside the JVM heap, and counts against the container: raise "
                  "spark.executor.memoryOverhead (or spark.executor.memory)")
@@ -81,20 +82,18 @@ def classify_text(text: str) -> SparkFailure:
     cause = next((c for c, rule in _RULES if rule.search(text)), Cause.TASK_ERROR)
     m = _TASK.search(text)
     partition = int(m.group(1) or m.group(2)) if m else -1
-    executor = None
+    lost = _EXECUTOR.search(text) if cause in (Cause.CONTAINER_MEMORY, Cause.EXECUTOR_LOST) else None
+    executor = next(g for g in lost.groups() if g) if lost else None
     if cause is Cause.CANCELLED:
         line = _CANCELLED_LINE.search(text)
         summary = line.group(0) if line else "cancelled"
     elif cause is Cause.CONTAINER_MEMORY:
-        lost = _EXECUTOR.search(text)
-        executor = next((g for g in lost.groups() if g), None) if lost else None
         line = _MEMORY_LINE.search(text)
         summary = (f"executor {executor}'s " if executor else "an executor's ") + "container was killed for its memory: " + \
             (line.group(0).strip() if line else "over its limit")
         if "spark.executor.memoryOverhead" not in summary:
             summary += f" ({MEMORY_ADVICE})"
-    elif cause is Cause.EXECUTOR_LOST and (lost := _EXECUTOR.search(text)):
-        executor = next(g for g in lost.groups() if g)
+    elif lost is not None:  # EXECUTOR_LOST
         summary = f"executor {executor} was lost ({lost.group(0).strip()})"
     else:
         summary = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip().startswith(_CAUSE_LINES)), "")
