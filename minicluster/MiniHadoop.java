@@ -6,9 +6,12 @@
 //
 // Commands arrive as files: <dir>/control/<n>.cmd holds one line; the answer goes to <n>.out, then <n>.done
 // appears. They stand in for what an operator or the cluster does to a running application:
-//   nodes                        one line per NodeManager: index, node id, state, used and total memory
+//   nodes                        one line per NodeManager: index, node id, state, used and total memory (MB), used and
+//                                total GPUs (yarn.io/gpu)
 //   stop-nm <i>                  stop NodeManager i (a lost node: its containers are killed with it)
-//   node-resource <i> <mb> <vc>  set NodeManager i's resources (0 MB: nothing more is granted there)
+//   node-resource <i> <mb> <vc> [gpus]
+//                                set NodeManager i's resources (0 MB: nothing more is granted there; its GPUs stay as
+//                                they are unless given)
 import java.io.File;
 import java.io.FileOutputStream;
 import java.io.OutputStream;
@@ -71,6 +74,11 @@ public class MiniHadoop {
     // size is checked (a container over its memory is killed, as on a production NodeManager)
     conf.setBoolean("yarn.nodemanager.vmem-check-enabled", false);
     conf.setBoolean("yarn.nodemanager.pmem-check-enabled", true);
+    // MiniYARNCluster turns its NodeManagers' container monitor off unless asked to keep it
+    conf.setBoolean("yarn.minicluster.control-resource-monitoring", true);
+    // without cgroups the monitor's own check is the only one, and it is skipped while memory.enforced says
+    // something else (cgroups) enforces the limits: true by default up to Hadoop 3.5 (YARN-11967)
+    conf.setBoolean("yarn.nodemanager.resource.memory.enforced", false);
     conf.set("yarn.nodemanager.container-monitor.interval-ms", "1000");
     // the disk of a shared development machine may be fuller than YARN's 90% default allows
     conf.set("yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage", "99.5");
@@ -84,6 +92,15 @@ public class MiniHadoop {
     conf.set("yarn.scheduler.capacity.root.default.capacity", "100");
     conf.set("yarn.scheduler.capacity.root.default.maximum-capacity", "100");
     conf.set("yarn.scheduler.capacity.maximum-am-resource-percent", "0.5");
+    // GPUs as YARN knows them (resource type yarn.io/gpu, what Spark asks for with spark.executor.resource.gpu.amount),
+    // --nm-gpus per NodeManager, counted by the scheduler (the dominant resource calculator weighs every type). No
+    // GPU plugin: nothing is isolated, and the executors' discovery script says which device they have
+    int gpus = Integer.parseInt(opt.getOrDefault("--nm-gpus", "1"));
+    if (gpus > 0) {
+      conf.set("yarn.resource-types", "yarn.io/gpu");
+      conf.set("yarn.nodemanager.resource-type.yarn.io/gpu", Integer.toString(gpus));
+      conf.set("yarn.scheduler.capacity.resource-calculator", "org.apache.hadoop.yarn.util.resource.DominantResourceCalculator");
+    }
     conf.setBoolean("yarn.log-aggregation-enable", false);
     for (String kv : sets) {
       int eq = kv.indexOf('=');
@@ -164,6 +181,11 @@ public class MiniHadoop {
     }
   }
 
+  private static long gpus(Resource r) {
+    if (r == null) return 0;
+    try { return r.getResourceValue("yarn.io/gpu"); } catch (Exception e) { return 0; }  // not a declared type
+  }
+
   private static String command(String[] cmd, MiniYARNCluster yarn, YarnClient yc) throws Exception {
     switch (cmd[0]) {
       case "nodes": {
@@ -178,7 +200,9 @@ public class MiniHadoop {
              .append(nm.getServiceState()).append(' ')
              .append(r == null ? "UNKNOWN" : r.getNodeState()).append(' ')
              .append(r == null || r.getUsed() == null ? 0 : r.getUsed().getMemorySize()).append(' ')
-             .append(r == null ? 0 : r.getCapability().getMemorySize()).append('\n');
+             .append(r == null ? 0 : r.getCapability().getMemorySize()).append(' ')
+             .append(gpus(r == null ? null : r.getUsed())).append(' ')
+             .append(gpus(r == null ? null : r.getCapability())).append('\n');
         }
         return out.toString();
       }
@@ -192,6 +216,9 @@ public class MiniHadoop {
         NodeManager nm = yarn.getNodeManager(Integer.parseInt(cmd[1]));
         NodeId id = nm.getNMContext().getNodeId();
         Resource resource = Resource.newInstance(Long.parseLong(cmd[2]), Integer.parseInt(cmd[3]));
+        long gpus = cmd.length > 4 ? Long.parseLong(cmd[4])
+            : gpus(yarn.getResourceManager().getRMContext().getRMNodes().get(id).getTotalCapability());
+        try { resource.setResourceValue("yarn.io/gpu", gpus); } catch (Exception e) { /* not a declared type */ }
         Map<NodeId, ResourceOption> change = new HashMap<>();
         change.put(id, ResourceOption.newInstance(resource, -1));
         yarn.getResourceManager().getRMContext().getRMAdminService().updateNodeResource(UpdateNodeResourceRequest.newInstance(change));

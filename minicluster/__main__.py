@@ -45,6 +45,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--nodemanagers", type=int, default=2)
     p.add_argument("--nm-memory-mb", type=int, default=4096, help="memory each NodeManager offers containers")
     p.add_argument("--nm-vcores", type=int, default=4)
+    p.add_argument("--nm-gpus", type=int, default=1, help="yarn.io/gpu each NodeManager offers (a resource type "
+                   "standing in for GPUs: Spark's spark.executor.resource.gpu.amount asks for it)")
     args = p.parse_args(argv)
     where = _dir()
     if args.action == "fetch":  # the jars and the compiled launcher, nothing started (CI, a machine about to go offline)
@@ -62,7 +64,7 @@ def main(argv: list[str]) -> int:
             print(f"starting a YARN mini cluster under {where} (first use: Maven fetches its jars)...", file=sys.stderr)
             try:
                 cluster = MiniHadoop(where, nodemanagers=args.nodemanagers, nm_memory_mb=args.nm_memory_mb,
-                                     nm_vcores=args.nm_vcores).start()
+                                     nm_vcores=args.nm_vcores, nm_gpus=args.nm_gpus).start()
             except MissingTool as exc:
                 sys.exit(f"error: {exc}")
             print(f"HDFS {cluster.fs_uri}, ResourceManager {cluster.addresses['yarn.resourcemanager.address']} "
@@ -78,7 +80,7 @@ def main(argv: list[str]) -> int:
         cluster = _attached()
         print(f"pid {cluster.pid}  HDFS {cluster.fs_uri}  ResourceManager {cluster.addresses['yarn.resourcemanager.address']}")
         for n in cluster.nodes():
-            print(f"NodeManager {n['index']} {n['node']} {n['state']} {n['used_mb']}/{n['total_mb']} MB")
+            print(f"NodeManager {n['index']} {n['node']} {n['state']} {n['used_mb']}/{n['total_mb']} MB {n['used_gpus']}/{n['gpus']} yarn.io/gpu")
         return 0
     # down
     if not os.path.exists(os.path.join(where, "state.json")):

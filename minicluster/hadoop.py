@@ -123,13 +123,15 @@ def node_env(root: str) -> dict[str, str]:
 
 @dataclass
 class MiniHadoop:
-    """One NameNode and DataNode, a ResourceManager and ``nodemanagers`` NodeManagers of ``nm_memory_mb`` and
-    ``nm_vcores`` each; ``settings`` are extra Hadoop/YARN properties (``{"yarn.resource-types": ...}``)."""
+    """One NameNode and DataNode, a ResourceManager and ``nodemanagers`` NodeManagers of ``nm_memory_mb``,
+    ``nm_vcores`` and ``nm_gpus`` (YARN's resource type ``yarn.io/gpu``, standing in for GPUs: nothing is
+    isolated) each; ``settings`` are extra Hadoop/YARN properties."""
 
     root: str
     nodemanagers: int = 2
     nm_memory_mb: int = 4096
     nm_vcores: int = 4
+    nm_gpus: int = 1
     settings: dict[str, str] = field(default_factory=dict)
     pid: int | None = None
     addresses: dict[str, str] = field(default_factory=dict)
@@ -166,7 +168,7 @@ class MiniHadoop:
                 f"-Dtest.build.data={os.path.join(self.root, 'yarn')}", f"-Djava.io.tmpdir={os.path.join(self.root, 'tmp')}",
                 "-cp", f"{classes}:{os.path.join(jars, '*')}", "MiniHadoop", "--dir", self.root,
                 "--nodemanagers", str(self.nodemanagers), "--nm-memory-mb", str(self.nm_memory_mb),
-                "--nm-vcores", str(self.nm_vcores)]
+                "--nm-vcores", str(self.nm_vcores), "--nm-gpus", str(self.nm_gpus)]
         for key, value in self.settings.items():
             args += ["--set", f"{key}={value}"]
         os.makedirs(os.path.join(self.root, "tmp"), exist_ok=True)
@@ -307,10 +309,10 @@ class MiniHadoop:
 
     def nodes(self) -> list[dict]:
         """Each NodeManager: its index, node id (``host:port``), service state, the ResourceManager's view of it
-        and its used and total memory (MB)."""
+        and its used and total memory (MB) and GPUs (resource type ``yarn.io/gpu``)."""
         rows = []
         for line in self.command("nodes").splitlines():
-            index, node, service, state, used, total = line.split()
+            index, node, service, state, used, total, gpus_used, gpus = line.split()
             rows.append({"index": int(index), "node": node, "service": service, "state": state,
-                         "used_mb": int(used), "total_mb": int(total)})
+                         "used_mb": int(used), "total_mb": int(total), "used_gpus": int(gpus_used), "gpus": int(gpus)})
         return rows

@@ -33,12 +33,14 @@ class Cause(str, enum.Enum):
     TASK_ERROR = "task_error"  # any other exception raised by the task's code
 
 
+# YARN's NodeManager (through Spark's YarnAllocator) and Kubernetes, killing a container for its memory
+_MEMORY_RULE = re.compile(r"Container killed by YARN for exceeding \w+ memory limits|"
+                          r"Container from a bad node: .* exceeding \w+ memory|OOMKilled")
 # (cause, pattern): the first that matches wins, so the specific come first
 _RULES: tuple[tuple[Cause, re.Pattern], ...] = (
     (Cause.CANCELLED, re.compile(r"Job \d+ cancelled|\[OPERATION_CANCELED\]")),
     (Cause.USER_ERROR, re.compile(r"sparkdl_train\.errors\.(?:DataError|TransformError|ModelError|ConfigError)")),
-    (Cause.CONTAINER_MEMORY, re.compile(r"Container killed by YARN for exceeding \w+ memory limits|"
-                                        r"Container from a bad node: .* exceeding \w+ memory|OOMKilled")),
+    (Cause.CONTAINER_MEMORY, _MEMORY_RULE),
     (Cause.WORKER_LOST, re.compile(r"Python worker exited unexpectedly")),
     (Cause.EXECUTOR_LOST, re.compile(r"ExecutorLostFailure|Executor lost|executor \S+ exited|Lost executor")),
     (Cause.TIMEOUT, re.compile(r"RingTimeout|RoundTimeout|not complete after [\d.]+ s|timed out")),
@@ -98,6 +100,18 @@ def classify_text(text: str) -> SparkFailure:
     else:
         summary = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip().startswith(_CAUSE_LINES)), "")
     return SparkFailure(cause, partition, summary, text, executor)
+
+
+def memory_kill(removed: dict[str, str]) -> SparkFailure | None:
+    """The first of ``removed`` (``{executor id: Spark's removal reason}``, executors that went away during a
+    fit) that its cluster manager killed for its memory, as a failure of cause ``CONTAINER_MEMORY``; ``None``
+    when none was. A fit whose Spark job fails otherwise (a fetch failure for the lost executor's shuffle
+    output, an aborted stage) reports this cause instead: the next container would be killed too."""
+    for executor, reason in sorted(removed.items()):
+        if _MEMORY_RULE.search(reason or ""):
+            failure = classify_text(f"ExecutorLostFailure (executor {executor} exited) Reason: {reason}")
+            return SparkFailure(Cause.CONTAINER_MEMORY, -1, failure.summary, reason, executor)
+    return None
 
 
 # A SparkContext that failed to start for a reason a second start does not share. Spark's YARN client

@@ -40,6 +40,39 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+# Where the wall time went, per pytest-xdist worker and file (.ci/run's budget): each file's first start and last
+# stop on its worker, from the reports the controller receives; printed at the end for files over FILE_WALL_SHOWN s.
+FILE_WALL_SHOWN = 60.0
+_file_spans: dict[tuple[str, str], list[float]] = {}
+
+
+def pytest_runtest_logreport(report):
+    start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+    if start is None or stop is None:
+        return
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", None) or "main"
+    span = _file_spans.setdefault((worker, report.nodeid.split("::")[0]), [start, stop])
+    span[0], span[1] = min(span[0], start), max(span[1], stop)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _file_spans:
+        return
+    began = min(s for s, _ in _file_spans.values())
+    ended = max(e for _, e in _file_spans.values())
+    lines = []
+    for worker in sorted({w for w, _ in _file_spans}):
+        files = sorted(((s, e, f) for (w, f), (s, e) in _file_spans.items() if w == worker))
+        busy = sum(e - s for s, e, _ in files)
+        lines.append(f"{worker}: {len(files)} files, busy {busy:.0f} s of {ended - began:.0f} s; last file ends at "
+                     f"{files[-1][1] - began:.0f} s")
+        lines += [f"  {s - began:6.0f} s +{e - s:5.0f} s  {f}" for s, e, f in files if e - s >= FILE_WALL_SHOWN]
+    terminalreporter.write_sep("=", f"wall per worker and file (files over {FILE_WALL_SHOWN:.0f} s)")
+    for line in lines:
+        terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _spark_scratch(tmp_path_factory):
     """Spark's scratch (block manager, broadcast and shuffle files) under this run's pytest

@@ -72,3 +72,19 @@ def locate(sc: Any, partitions: dict[int, dict[str, Any]]) -> None:
     for info in partitions.values():
         if info.get("task") is not None:
             info["executor_id"] = found.get(int(info["task"])) or info.get("executor")
+
+
+def removed_executors(sc: Any) -> dict[str, str]:
+    """``{executor id: the reason Spark recorded}`` for the executors of this application that are gone
+    (killed, lost, released), from the status store; ``{}`` where it cannot be read (no JVM context)."""
+    out: dict[str, str] = {}
+    try:
+        executors = sc._jsc.sc().statusStore().executorList(False)
+        for i in range(executors.size()):
+            e = executors.apply(i)
+            if not e.isActive():
+                reason = e.removeReason()
+                out[str(e.id())] = str(reason.get()) if reason.isDefined() else ""
+    except Exception as exc:  # noqa: BLE001 - a Connect session, a stopped context, or the API changed
+        log.debug("cannot read the removed executors from the status store: %s", exc)
+    return out

@@ -13,7 +13,12 @@ For the duration of one ``fit``, :class:`FitMonitor`
   batch-level hooks, all on the caller's thread;
 * cancels the running epoch as soon as a callback sets ``model.stop_training``
   (e.g. ``TerminateOnNaN``) and reports it as :class:`EpochStopped`; a
-  ``KeyboardInterrupt`` cancels the fit's jobs before it propagates.
+  ``KeyboardInterrupt`` cancels the fit's jobs before it propagates;
+* watches the executors that go away while an epoch runs: one whose container its
+  cluster manager killed for its memory (YARN's pmem check, Kubernetes' OOMKilled)
+  ends the fit at once with cause ``container_memory``, naming the setting to raise,
+  instead of Spark's stage retries meeting the same limit on every new container and
+  failing minutes later on the lost shuffle output.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ import time
 import uuid
 from typing import Any, Callable, TypeVar
 
-from ..errors import FitCancelled
+from ..errors import FitCancelled, WorkerError
+from ..failures import SparkFailure, memory_kill
 from ..net import new_identity, new_secret
 from ..worker.report import ReportSettings
 from .background import spark_thread
+from .executors import removed_executors
 from .progress import FitProgress
 from .reports import EpochTally, ReportServer
 
@@ -62,6 +69,7 @@ class FitMonitor:
         interval: float,
         live: bool,
         tls: bool = False,
+        removed_before: set[str] | None = None,
     ):
         self.sc = sc
         self.model = model
@@ -81,6 +89,10 @@ class FitMonitor:
         self.stop_requested = False
         self.cancel_requested = False  # cancel() was called: no job of this fit starts after it
         self.reports_received = 0
+        self.watch_interval = 2.0  # seconds between two looks at the executors that went away
+        # executors gone before the fit began (its preparation's jobs count as the fit's): not this fit's losses
+        self._removed_before: set[str] | None = removed_before
+        self.memory_failure: SparkFailure | None = None
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> "FitMonitor":
@@ -94,6 +106,8 @@ class FitMonitor:
                 self.job_group = f"sparkdl_train-fit-{self.fit_id}"
                 sc.setJobGroup(self.job_group, "sparkdl_train fit", interruptOnCancel=True)
             sc.addJobTag(self.tag)
+            if self._removed_before is None:
+                self._removed_before = set(removed_executors(sc))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -147,6 +161,7 @@ class FitMonitor:
 
         thread = self._thread(target)
         thread.start()
+        watched = time.monotonic()
         try:
             while not finished.is_set():
                 self._dispatch(tally, timeout=0.1, finished=finished)
@@ -154,6 +169,10 @@ class FitMonitor:
                     self.stop_requested = True
                     log.info("epoch %d: stop_training was set during the epoch; cancelling its Spark job", epoch + 1)
                     self._cancel_jobs()
+                if self.memory_failure is None and time.monotonic() - watched >= self.watch_interval:
+                    watched = time.monotonic()
+                    if self._watch_executors(epoch):
+                        self._cancel_jobs()
             thread.join()
             self._dispatch(tally, timeout=0.0)
         except BaseException:  # Ctrl-C, or a callback raised (TerminateOnNaN(raise_error=True))
@@ -161,12 +180,28 @@ class FitMonitor:
             thread.join(60)
             raise
         error = box.get("error")
+        if error is not None and (self.memory_failure is not None or self._watch_executors(epoch)):
+            f = self.memory_failure
+            raise WorkerError(f"sparkdl_train fit: epoch {epoch + 1} failed on an executor: {f.summary}",
+                              {f.partition: f.text}, cause=f.cause.value) from error
         if error is not None:
             if isinstance(error, FitCancelled) and self.stop_requested and not self.cancel_requested:
                 raise EpochStopped(tally, time.perf_counter() - start) from None
             raise error
         self._check_cancelled(epoch)
         return box["result"]
+
+    def _watch_executors(self, epoch: int) -> bool:
+        """Whether an executor that went away during this fit was killed for its memory (then kept in
+        :attr:`memory_failure`)."""
+        if self.sc is None:
+            return False
+        removed = {k: v for k, v in removed_executors(self.sc).items() if k not in (self._removed_before or ())}
+        self.memory_failure = memory_kill(removed)
+        if self.memory_failure is not None:
+            log.error("epoch %d: %s; ending the fit (the next container would be killed too)", epoch + 1,
+                      self.memory_failure.summary)
+        return self.memory_failure is not None
 
     def _check_cancelled(self, epoch: int) -> None:
         if self.cancel_requested:

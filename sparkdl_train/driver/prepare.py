@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..data.adapters import DataAdapter
 from ..data.batching import Batch, row_signature, take_rows
@@ -49,7 +50,7 @@ class PendingPrepare:
         self.tasks = tasks
         self.reports: list[dict[str, Any]] = []
 
-    def go_ahead(self, timeout: float) -> None:
+    def go_ahead(self, timeout: float, watch: Callable[[], None] | None = None) -> None:
         """Let the fit's first epoch go on once this job has ended, waiting up to ``timeout``
         seconds (then it is cancelled: its tasks would hold the epoch's slots); :meth:`finish`
         collects it.
@@ -61,8 +62,16 @@ class PendingPrepare:
         epoch's tasks take slots as single prepare tasks end, so a slow prepare task (a Python
         worker still starting) leaves both of a short epoch's tasks to one worker, one after the
         other, and the first epoch runs narrower than the cluster (seen on ``local[2]`` and a
-        loaded local-cluster). Offered every slot at once, Spark places them one per free slot."""
-        if self._call is not None and not self._call.wait(timeout):
+        loaded local-cluster). Offered every slot at once, Spark places them one per free slot.
+
+        ``watch`` is called every 2 s while it waits, and may raise to end the fit (an executor killed
+        for its memory while it rebuilt the model: the epoch's would be killed too)."""
+        if self._call is not None and watch is not None:
+            deadline = time.monotonic() + timeout
+            while not self._call.wait(min(2.0, max(0.0, deadline - time.monotonic()))) and time.monotonic() < deadline:
+                watch()
+            watch()
+        if self._call is not None and not self._call.wait(0 if watch is not None else timeout):
             log.info("prepare: the executors' prepare job did not end within %g s; cancelled, the first epoch goes on", timeout)
             self._call.cancel(5.0)
 

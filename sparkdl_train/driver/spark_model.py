@@ -17,7 +17,8 @@ from ..data.adapters import DataAdapter, DataFrameAdapter, is_dataframe, is_rdd
 from ..data.batching import Batch, row_signature
 from ..data.output import output_columns
 from ..data.transform import BatchTransform
-from ..errors import ConfigError, DataError, ModelError
+from ..errors import ConfigError, DataError, ModelError, WorkerError
+from ..failures import memory_kill
 from ..model_io import ModelPayload, build_from_batch, build_with, check_compiled, serialize_builder, serialize_model
 from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
@@ -27,6 +28,7 @@ from .background import SparkCall
 from .connect import active_connect_session, check_reachable, context_of, is_connect, unreachable_error
 from .efficiency import few_steps_advice
 from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs, use_tls
+from .executors import removed_executors
 from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
 from .phases import Phases
@@ -236,6 +238,7 @@ class SparkModel:
         with phases("adapter"):
             train, config = self._adapter(data, labelled=True, what="data")
         sc = _spark_context(train)
+        gone_before = set(removed_executors(sc)) if sc is not None else set()  # executors this fit did not lose
         # the sample job runs beside the driver's own work; a DataFrame's (a plain query, no code of
         # ours on the executors) even beside the model's serialization
         sample = self._start_sample(train) if train.sample_first else None
@@ -282,7 +285,7 @@ class SparkModel:
                 environment = check.result() if check is not None else None
             if prepare is not None:
                 with phases("prepare"):  # what is left of its job once the driver is ready: the epoch's tasks go where it ran
-                    prepare.go_ahead(config.core.preflight_timeout)
+                    prepare.go_ahead(config.core.preflight_timeout, watch=lambda: _memory_kills(sc, gone_before))
                 prepare.confirms(batch)
             self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                                   master=sc.master if sc is not None else None, environment=environment)
@@ -305,7 +308,7 @@ class SparkModel:
                 with phases("connect_probe"):
                     live = _connect_reach(sc, config, engine_cls, live)
             monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
-                                 live=live, tls=launch.tls)
+                                 live=live, tls=launch.tls, removed_before=gone_before)
             self._monitor = monitor
             loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer)
         except BaseException:  # before the epochs' own cleanup takes over: no job, no broadcast left
@@ -686,6 +689,15 @@ def _test_step_eagerly(model: Any, batch: Batch) -> None:
     was; the metrics are reset before and hold this batch after, as ``test_on_batch`` leaves them."""
     model.reset_metrics()
     backend.current().eager_test_step(model, batch)
+
+
+def _memory_kills(sc: Any, gone_before: set[str]) -> None:
+    """Raise the fit's error when an executor this fit lost was killed for its memory (its preparation's jobs
+    run the model too: the next container would be killed as well)."""
+    failure = memory_kill({k: v for k, v in removed_executors(sc).items() if k not in gone_before})
+    if failure is not None:
+        raise WorkerError(f"sparkdl_train fit: preparing the first epoch failed on an executor: {failure.summary}",
+                          {failure.partition: failure.text}, cause=failure.cause.value)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,11 @@ class EpochStats:
     def samples_per_second(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else float("nan")
 
+    @property
+    def executors(self) -> list[str]:
+        """The executors this epoch's training tasks ran on: under dynamic allocation, the workers the epoch had."""
+        return sorted({str(i.get("executor_id")) for i in self.partitions.values() if i.get("executor_id") is not None})
+
 
 @dataclass
 class FitStats:
@@ -113,6 +118,7 @@ class FitStats:
                     "batches": e.batches,
                     "seconds": e.seconds,
                     "samples_per_second": e.samples_per_second,
+                    "executors": e.executors,
                     "empty_partitions": e.empty_partitions,
                     "interrupted": e.interrupted,
                     "phases": e.phases,

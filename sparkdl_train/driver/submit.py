@@ -140,6 +140,10 @@ def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
         "containers": stats.containers(),
         "nodemanagers": stats.nodemanagers(),
         "driver_container": os.environ.get("CONTAINER_ID"),
+        # the GPU addresses Spark gave the training tasks (spark.task.resource.gpu.amount), and how many tasks had one
+        "gpu_addresses": sorted({a for i in parts for a in i.get("gpus") or ()}),
+        "gpu_tasks": sum(1 for i in parts if i.get("gpus")),
+        "tasks": len(parts),
         "executor_environment": sorted(
             {(str(r.get("executor_id")), r["python"], r["modules"]["sparkdl_train"].get("file")) for r in env}
         ),

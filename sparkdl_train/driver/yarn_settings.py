@@ -173,7 +173,10 @@ def _dynamic_allocation(settings: Mapping[str, str], mode: str | None) -> Findin
     on = settings.get(key, "false").lower() == "true"
     if on and mode == "allreduce":
         return Finding(key, "true", ERROR, "barrier stages (mode='allreduce') refuse dynamic allocation (SPARK-24954)")
+    if on and mode == "synchronous":
+        return Finding(key, "true", WARNING, "synchronous rounds need every worker at once: set "
+                       "spark.dynamicAllocation.minExecutors to cover them (executors come only for waiting tasks)")
     if on:
-        return Finding(key, "true", WARNING, "fits train on the executors present when each epoch starts; "
-                       "mode='allreduce' needs it off")
+        return Finding(key, "true", WARNING, "a fit starts on the executors there (whether later epochs use those "
+                       "that arrive is not yet tested); mode='allreduce' needs it off")
     return Finding(key, settings.get(key, "false"), OK, "a fixed set of executors")

@@ -47,6 +47,7 @@ from ..merge import Partial, WeightedMean
 from ..model_io import assign, get_metric_state, get_state, set_state, variable_roles
 from ..net.tls import TlsIdentity
 from ..roles import is_numeric_mergeable, merged
+from . import gpu
 from .fused_step import cached_fused_step
 from .replay import Replay
 from .report import ReportSettings
@@ -136,6 +137,7 @@ class AllreduceTrainTask:
             raise RankError("a stage of several epochs meets through the driver's rendezvous server "
                             "(spark.sparkdl_train.allreduce.rendezvous=driver)")
         replay = Replay()
+        place = gpu.placement()  # what on_task_device records on the last epoch's partial, for the others too
         try:
             for k in range(self.epochs):
                 epoch = self.epoch + k
@@ -145,6 +147,7 @@ class AllreduceTrainTask:
                 partial = self._train(run, data, link, group.rank, group.size, broadcast=k == 0)
                 partial.partitions[run.partition]["stage_epochs"] = {"index": k, "of": self.epochs,
                                                                      "kept_bytes": replay.bytes, "kept_in": replay.directory}
+                partial.partitions[run.partition].update(place)
                 if k == self.epochs - 1 or not group.epoch_end(epoch, partial.to_bytes()):
                     return partial
             raise AssertionError("unreachable")

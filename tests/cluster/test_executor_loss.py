@@ -1,7 +1,9 @@
 """Executor and node loss on a Spark standalone cluster, for every engine: tests/scripts/executor_loss_check.py
-is submitted with the shipped archive (`--archives sparkdl_env.tar.gz#environment`, as the README
-says) and SIGKILLs an executor JVM, or a Worker daemon's whole process group, in the second of three
-epochs of a fit on a cached DataFrame. Lost Workers are replaced while it runs, as a cluster manager
+is submitted with the executors' environment installed on the nodes (`./run pack`'s archive unpacked once,
+outside the checkout, as a cluster whose nodes have the environment installed; shipping it with `--archives`
+is tests/cluster/test_standalone.py's and test_yarn.py's: here each of the dozen replacement executors would
+unpack its 1.5 GB again) and SIGKILLs an executor JVM, or a Worker daemon's whole process group, in the second
+of three epochs of a fit on a cached DataFrame. Lost Workers are replaced while it runs, as a cluster manager
 would.
 
 This module starts a cluster of its own (a Master and two Workers; `standalone_cluster` below
@@ -31,11 +33,19 @@ ENGINES = ["averaging", "sync-ps", "async-ps", "hogwild-ps", "allreduce"]
 
 
 @pytest.fixture(scope="module")
-def loss(standalone_cluster, env_archive, tmp_path_factory):
+def node_env(env_archive, tmp_path_factory):
+    """The executors' environment as a node would have it installed: ./run pack's archive, unpacked once."""
+    where = tmp_path_factory.mktemp("node_env")
+    subprocess.run(["tar", "xzf", env_archive, "-C", str(where)], check=True, timeout=600)
+    return str(where / "bin" / "python")
+
+
+@pytest.fixture(scope="module")
+def loss(standalone_cluster, node_env, tmp_path_factory):
     out = tmp_path_factory.mktemp("executor_loss")
     conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g",
             "spark.task.maxFailures=4", "spark.sparkdl_train.progress.interval=0.1"]
-    cmd, env = submit_command(standalone_cluster.url, [], out, conf=conf, archives=env_archive,
+    cmd, env = submit_command(standalone_cluster.url, [], out, conf=conf, python=node_env,
                               job=os.path.join(SCRIPTS, "executor_loss_check.py"))
     with standalone_cluster.replacing_lost_workers():
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2400, env=env)
@@ -98,7 +108,7 @@ def test_allreduce_without_retries_fails_fast_naming_the_lost_executor(loss):
     _released(case)
 
 
-def test_the_session_trains_normally_afterwards_on_the_replaced_nodes(loss, reference_accuracy):
+def test_the_session_trains_normally_afterwards_on_the_replaced_nodes(loss, node_env, reference_accuracy):
     after = loss["after"]
     assert after["ok"] and after["epoch_samples"] == [loss["n"]] * LOSS_EPOCHS, after
     assert all(v == 0 for e in after["attempts"] for v in e.values()), after["attempts"]
@@ -106,3 +116,4 @@ def test_the_session_trains_normally_afterwards_on_the_replaced_nodes(loss, refe
     assert len(after["executor_ids"]) == 2 and "driver" not in after["executor_ids"]
     _released(after)
     assert len(loss["replaced"]) == len(ENGINES), loss["replaced"]  # one Worker per node-loss case, replaced
+    assert loss["executor_pythons"] == [node_env], loss["executor_pythons"]  # the nodes' environment, not the checkout's

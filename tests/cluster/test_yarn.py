@@ -7,6 +7,7 @@ and a cluster-mode driver run ./environment/bin/python from the `./run pack` arc
 Every test asserts where the tasks ran: YARN container ids on both NodeManagers, never the driver."""
 
 import atexit
+import datetime
 import glob
 import json
 import os
@@ -14,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -119,19 +121,53 @@ def test_readme_client_mode_line_trains_in_yarn_containers_from_hdfs(yarn, clien
     assert "ctr_model.keras" in yarn.cluster.hdfs("-ls", "/user/me/ctr")
 
 
-def test_every_engine_trains_in_yarn_containers(yarn, tmp_path):
+def gpu_conf() -> str:
+    """The GPU lines of conf/spark-defaults.yarn.conf, uncommented, with the mini cluster's stand-in discovery
+    script shipped with --files (its NodeManagers offer one yarn.io/gpu each and have no GPU)."""
+    lines = [ln.lstrip("# ").split() for ln in open(os.path.join(ROOT, "conf", "spark-defaults.yarn.conf"))
+             if re.match(r"#\s*spark\.(executor|task)\.resource\.gpu\.", ln)]
+    settings = {k: v for k, v, *_ in lines}
+    assert set(settings) == {"spark.executor.resource.gpu.amount", "spark.task.resource.gpu.amount",
+                             "spark.executor.resource.gpu.discoveryScript"}, settings
+    settings["spark.executor.resource.gpu.discoveryScript"] = "./gpu_discovery.sh"
+    return "--files minicluster/gpu_discovery.sh " + " ".join(f"--conf {k}={v}" for k, v in settings.items())
+
+
+def test_every_engine_trains_in_yarn_containers_on_yarn_gpus(yarn, tmp_path):
     """tests/scripts/yarn_jobs.py engines: the flagship job once per engine in one application submitted with
-    conf/spark-defaults.yarn.conf, each near the Bayes-optimal AUC, each in containers on both NodeManagers."""
+    conf/spark-defaults.yarn.conf and its GPU lines, each near the Bayes-optimal AUC, each in containers on
+    both NodeManagers. GPUs as YARN schedules them: each executor asks for one yarn.io/gpu and each
+    NodeManager has one, so YARN grants one executor per node and counts its GPU as used while it runs; every
+    training task was given the GPU address the executor's discovery script reported (it trains on the CPU:
+    the machine has none)."""
     out = tmp_path / "engines"
-    cmd = (f"{RUN} submit --load-spark-defaults --properties-file conf/spark-defaults.yarn.conf {SCRIPTS}/yarn_jobs.py engines "
-           f"--data hdfs:///data/ctr --output {out}")
-    yarn.run(cmd, PYTHONPATH=DRIVER_PATH)  # the driver's own imports; not the executors'
+    cmd = (f"{RUN} submit --load-spark-defaults --properties-file conf/spark-defaults.yarn.conf {gpu_conf()} "
+           f"{SCRIPTS}/yarn_jobs.py engines --data hdfs:///data/ctr --output {out}")
+    used, done = {}, threading.Event()
+
+    def watch():  # the ResourceManager's view of each node's GPUs while the application runs
+        while not done.wait(2):
+            try:
+                for n in yarn.cluster.nodes():
+                    used[n["node"]] = max(used.get(n["node"], 0), n["used_gpus"])
+            except RuntimeError:
+                pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yarn.run(cmd, PYTHONPATH=DRIVER_PATH)  # the driver's own imports; not the executors'
+    finally:
+        done.set()
+        watcher.join()
+    assert used == {n: 1 for n in yarn.nodemanagers()}, used
     import yarn_jobs
 
     for name, _ in yarn_jobs.ENGINES:
         with open(out / name / "summary.json") as f:
             s = json.load(f)
         assert_ran_in_containers(s, yarn)
+        assert s["gpu_addresses"] == ["0"] and s["gpu_tasks"] == s["tasks"] > 0, (name, s["gpu_addresses"], s["gpu_tasks"])
         assert s["workers"] == 2 and s["epochs"] == 2, (name, s["workers"], s["epochs"])
         assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, (name, s["test_auc"], s["bayes_auc"])
     engines = {name: json.load(open(out / name / "summary.json"))["communication"]["engine"] for name, _ in yarn_jobs.ENGINES}
@@ -240,6 +276,36 @@ def test_an_application_killed_with_yarn_application_kill_ends_the_fit_in_bounde
     print(json.dumps({key: k[key] for key in ("error", "threads_left", "ports_left")}, indent=1), file=sys.stderr)
 
 
+def test_a_container_killed_for_its_memory_ends_the_fit_at_once_naming_the_setting(yarn, tmp_path):
+    """Containers too small for the fit's TensorFlow (spark.executor.memory 512m + memoryOverhead 1024m, and a
+    model with a 4M-row embedding table): the NodeManager's memory check kills an executor's container during
+    the first epoch (minicluster/MiniHadoop.java keeps YARN's container monitor on). Spark would retry on new
+    containers, each killed in turn, and fail minutes later on the lost shuffle output; the fit ends within
+    seconds of the first kill (the NodeManager's log says when) with cause container_memory and YARN's line
+    naming spark.executor.memoryOverhead."""
+    out = tmp_path / "memory"
+    conf = ("--conf spark.executor.memory=512m --conf spark.executor.memoryOverhead=1024m --conf spark.task.maxFailures=2 "
+            "--conf spark.yarn.max.executor.failures=20")
+    code, text = _yarn_jobs(yarn, f"memory --data hdfs:///data/ctr --epochs 3 --output {out}", lambda line, app: None,
+                            timeout=600, conf=conf)
+    assert code == 0, text[-6000:]
+    with open(out / "memory.json") as f:
+        m = json.load(f)
+    assert m["stage"] == "fit" and m["error_type"] == "WorkerError" and m["cause"] == "container_memory", m
+    assert "container was killed for its memory" in m["error"] and "exceeding physical memory limits" in m["error"], m["error"]
+    assert "spark.executor.memoryOverhead" in m["error"].splitlines()[0], m["error"]
+    # the NodeManager's own line for each container it killed ("12:52:39 WARN ContainersMonitorImpl: Container
+    # [pid=...,containerID=container_<app>_01_000002] is running ... beyond the 'PHYSICAL' memory limit")
+    app = m["application_id"].split("_", 1)[1]
+    kills = [ln[:8] for ln in open(yarn.cluster.log, errors="replace")
+             if f"containerID=container_{app}_" in ln and "beyond the 'PHYSICAL' memory limit" in ln]
+    assert kills, "the NodeManager killed no container of this application"
+    first = datetime.datetime.combine(datetime.date.fromtimestamp(m["failed_at"]), datetime.time.fromisoformat(kills[0]))
+    # the fit ended within seconds of the first kill (Spark's own retries went on for over 3 minutes here)
+    assert 0 <= m["failed_at"] - first.timestamp() < 45, (kills, m["failed_at"], first)
+    assert "State : FINISHED" in yarn.cluster.yarn("application", "-status", m["application_id"])
+
+
 _COUNT = re.compile(r"(\d+(?:\.\d+)?)([kMG]?)(?:sample|/)")
 
 
@@ -305,6 +371,42 @@ def test_the_yarn_notebook_runs_in_jupyterlab_as_a_person_sees_it(yarn, tmp_path
         assert shot and open(shot, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(shot) > 20_000, shot
     assert "State : FINISHED" in yarn.cluster.yarn("application", "-status", r["application_id"])
     assert killed == [], killed  # the kernel ended with the server
+
+
+def test_an_executor_that_yarn_grants_late_is_waited_for_and_one_never_granted_fails_the_fit_clearly(yarn, tmp_path):
+    """One NodeManager has no room (its resources set to 0 MB, as when other applications fill its queue): YARN
+    grants the application one executor of two and holds the other. A synchronous fit (each round needs both
+    workers at once) waits for the missing one, then fails with a ConfigError naming what it needs and what the
+    cluster offers, in bounded time; once the node has room again (the test gives it back when the job says it
+    starts its next fit), YARN grants the held executor and the next fit waits for it and trains on both nodes."""
+    out = tmp_path / "late"
+    nodes = {n["index"]: n for n in yarn.cluster.nodes()}
+    full = max(nodes)  # the AM and the first executor go to the other node
+    restored = []
+
+    def give_room_back(line, app):
+        if not restored and line.startswith("LATE WAITING"):
+            yarn.cluster.command(f"node-resource {full} {nodes[full]['total_mb']} 4")
+            restored.append(time.monotonic())
+
+    yarn.cluster.command(f"node-resource {full} 0 0")
+    try:
+        conf = "--conf spark.sparkdl_train.executors.registrationTimeout=10 --conf spark.sparkdl_train.ps.connectTimeout=45"
+        code, text = _yarn_jobs(yarn, f"late --data hdfs:///data/ctr --epochs 2 --output {out}", give_room_back, conf=conf)
+    finally:
+        if not restored:
+            yarn.cluster.command(f"node-resource {full} {nodes[full]['total_mb']} 4")
+    assert code == 0 and restored, text[-6000:]
+    with open(out / "late.json") as f:
+        r = json.load(f)
+    assert r["executors_at_start"] == 1, r
+    held, granted = r["held"], r["granted"]
+    assert held["error"].startswith("ConfigError: mode='synchronous'") and "needs its 2 workers running at once" in held["error"], held
+    assert "the cluster offers 1" in held["error"] and 45 <= held["seconds"] < 90, held
+    assert granted["error"] is None, granted["error"]
+    assert_ran_in_containers(granted, yarn)  # both nodes: the held executor came and was used
+    assert granted["auc"] > 0.83, granted["auc"]
+    assert {n["node"]: n["total_mb"] for n in yarn.cluster.nodes()} == {n["node"]: n["total_mb"] for n in nodes.values()}
 
 
 def test_a_nodemanager_lost_mid_fit_costs_its_containers_not_the_fit(yarn, tmp_path):

@@ -1,6 +1,6 @@
 """Lose an executor JVM, or a whole node, in the middle of a fit on the standalone cluster, for
-each engine; write the measurements to ``OUT/loss.json``. Submitted by tests/cluster/test_standalone.py
-with ``spark-submit --master spark://... --archives sparkdl_env.tar.gz#environment``.
+each engine; write the measurements to ``OUT/loss.json``. Submitted by tests/cluster/test_executor_loss.py
+with ``spark-submit --master spark://...`` and the executors' environment installed on the nodes.
 
 The training data is a cached DataFrame, read through a paced ``mapInArrow`` (:func:`pacer`). A
 driver-side callback fires on the first live report of the second epoch and picks the
@@ -243,8 +243,9 @@ def main(out_dir: str, only: str | None) -> None:
         print("CASE " + json.dumps(results[-1]), flush=True)
     # the session still trains normally after all of it
     after = run_case(spark, data, "after/none", "none", engines["sync-ps"], len(x), xt, yt, marks)
+    pythons = spark.sparkContext.parallelize(range(4), 4).map(lambda _: sys.executable).distinct().collect()
     with open(os.path.join(out_dir, "loss.json"), "w") as f:
-        json.dump({"n": len(x), "cases": results, "after": after}, f)
+        json.dump({"n": len(x), "cases": results, "after": after, "executor_pythons": pythons}, f)
     spark.stop()
 
 

@@ -58,6 +58,7 @@ def main(master: str) -> None:
         parts = [p for e in sm.stats.epochs for p in e.partitions.values()]
         out[mode] = {
             "placements": sorted({(tuple(p.get("gpus", [])), tuple(p.get("cuda_ordinals", [])), p.get("device")) for p in parts}),
+            "unplaced": sum(1 for p in parts if not p.get("gpus")),  # every epoch's tasks say which GPU they had
             "pids": sorted({p["pid"] for p in parts}),
             "executor_ids": sm.stats.executor_ids(),
             "registration": sm.stats.registration,

@@ -11,6 +11,15 @@ took, its message, and which of the fit's threads and listening sockets are left
 
 ``lost-node``: an asynchronous fit during which the test stops the NodeManager of one executor: where each
 epoch's tasks ran and the held-out AUC (``<output>/lost_node.json``).
+
+``late``: submitted while one NodeManager has no room, so that YARN grants one of the two executors and holds
+the other: a synchronous fit (its rounds need both workers at once) started then, and another once the test
+gave the node its room back (``LATE WAITING`` tells it when); each fit's outcome, how long it took and where
+it ran (``<output>/late.json``).
+
+``memory``: submitted with containers too small for TensorFlow: the job's start (its executors' check) or its
+asynchronous fit meets a container killed by its NodeManager for its memory; what the job reports, when, and
+the cause it was given (``<output>/memory.json``).
 """
 
 import argparse
@@ -68,7 +77,7 @@ def features(spark, data: str):
     from pyspark.sql import functions as F
 
     from sparkdl_train.datasets import ctr as ctr_data
-    from sparkdl_train.models.ctr import MODELS, build_vocabulary, ctr_features
+    from sparkdl_train.models.ctr import build_vocabulary, ctr_features
 
     df = spark.read.parquet(data)
     is_test = F.pmod(F.xxhash64(F.col("id"), F.lit(42)), F.lit(1000)) < F.lit(100)
@@ -77,8 +86,13 @@ def features(spark, data: str):
                    for d in (df.where(~is_test), df.where(is_test)))
     train = train.repartition(2).cache()
     train.count()
-    model = MODELS["deepfm"](vocab_size=vocab.size, embed_dim=8, hidden=(64, 32), learning_rate=0.002)
-    return train, test, model
+    return train, test, new_model(vocab.size)
+
+
+def new_model(vocab_size: int):
+    from sparkdl_train.models.ctr import MODELS
+
+    return MODELS["deepfm"](vocab_size=vocab_size, embed_dim=8, hidden=(64, 32), learning_rate=0.002)
 
 
 COLUMNS = {"feature_cols": {"numeric": "numeric", "categorical": "categorical"}, "label_col": "label"}
@@ -129,15 +143,80 @@ def lost_node(spark, args, out_dir: str) -> None:
         json.dump(out, f, indent=2)
 
 
+def late(spark, args, out_dir: str) -> None:
+    from sparkdl_train import SparkModel
+    from sparkdl_train.driver.submit import where_it_ran
+
+    print(f"APPLICATION {spark.sparkContext.applicationId}", flush=True)
+    train, test, first = features(spark, args.data)
+    out = {"executors_at_start": spark.sparkContext._jsc.sc().getExecutorIds().size()}
+    for name in ("held", "granted"):
+        if name == "granted":
+            print("LATE WAITING", flush=True)  # the test gives the node its room back now
+        model = first if name == "held" else new_model(first.get_layer("field_embedding").input_dim)
+        sm = SparkModel(model, mode="synchronous", frequency=4, num_workers=2)
+        started = time.monotonic()
+        try:
+            sm.fit(train, epochs=args.epochs, batch_size=512, verbose=1, **COLUMNS)
+            logs = sm.evaluate(test, batch_size=4096, return_dict=True, **COLUMNS)
+            out[name] = {"error": None, "auc": logs["auc"], **where_it_ran(spark, sm.stats)}
+        except Exception as exc:  # noqa: BLE001 - what the person sees
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        out[name]["seconds"] = time.monotonic() - started
+    with open(os.path.join(out_dir, "late.json"), "w") as f:
+        json.dump(out, f, indent=2)
+
+
+def memory(spark, args, out_dir: str) -> None:
+    """Containers too small for the executors' TensorFlow: the session's start is ours (``start_job`` is the
+    step under test: its executors' check may be where the first container is killed)."""
+    from sparkdl_train.failures import classify
+
+    print(f"APPLICATION {spark.sparkContext.applicationId}", flush=True)
+    out = {"application_id": spark.sparkContext.applicationId, "stage": "start"}
+    started = time.monotonic()
+    try:
+        start_job("sparkdl_train-yarn-memory", out_dir, spark=spark)
+        from sparkdl_train import SparkModel
+
+        train, _, _ = features(spark, args.data)
+        out["stage"], fit_started = "fit", time.monotonic()
+        # the model a person sized for the data, with an embedding table of --embedding-rows (ids hashed
+        # into a big table): its weights, their optimizer slots and the fit's copies outgrow the container
+        model = new_model(args.embedding_rows)
+        sm = SparkModel(model, mode="asynchronous", frequency=4, num_workers=2)
+        sm.fit(train, epochs=args.epochs, batch_size=512, verbose=1, **COLUMNS)
+        out["error"] = None
+    except BaseException as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        out["error_type"] = type(exc).__name__
+        failure = classify(exc)  # Spark's own error (the data preparation's jobs), or the fit's WorkerError's cause
+        out["cause"] = failure.cause.value if failure else getattr(exc, "cause", None)
+        out["traceback"] = traceback.format_exc()[-4000:]
+    out["seconds"], out["failed_at"] = time.monotonic() - started, time.time()
+    out["fit_seconds"] = time.monotonic() - fit_started if out["stage"] == "fit" else None
+    with open(os.path.join(out_dir, "memory.json"), "w") as f:
+        json.dump(out, f, indent=2)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["engines", "killed", "lost-node"])
+    p.add_argument("what", choices=["engines", "killed", "lost-node", "late", "memory"])
     p.add_argument("--data", required=True)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--output", required=True)
+    p.add_argument("--embedding-rows", type=int, default=4_000_000)
     args = p.parse_args()
+    if args.what == "memory":  # its own start_job is under test
+        from sparkdl_train.driver.submit import submitted_session
+
+        os.makedirs(args.output, exist_ok=True)
+        spark = submitted_session("sparkdl_train-yarn-memory")
+        memory(spark, args, os.path.abspath(args.output))
+        spark.stop()
+        return
     spark, _, out_dir = start_job(f"sparkdl_train-yarn-{args.what}", args.output)
-    {"engines": engines, "killed": killed, "lost-node": lost_node}[args.what](spark, args, out_dir)
+    {"engines": engines, "killed": killed, "lost-node": lost_node, "late": late}[args.what](spark, args, out_dir)
     if args.what != "killed":
         spark.stop()
 

@@ -81,7 +81,7 @@ def test_tasks_read_their_gpus_from_spark_on_local_cluster():
         r = result[mode]
         # each executor's task got that executor's GPU, re-mapped through CUDA_VISIBLE_DEVICES=3,5;
         # this machine's TensorFlow has no GPU, so the tasks fell back to the CPU
-        assert r["placements"] == [[["3"], [0], "/CPU:0"], [["5"], [1], "/CPU:0"]], r
+        assert r["placements"] == [[["3"], [0], "/CPU:0"], [["5"], [1], "/CPU:0"]] and r["unplaced"] == 0, r
         assert_ran_on_executors(r["executor_ids"], r["pids"], result["driver_pid"])
         # the fit started right after the session: it waited for both executors (a CI run once trained on one)
         assert r["registration"]["executors"] == 2 and r["registration"]["complete"], r["registration"]

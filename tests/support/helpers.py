@@ -168,8 +168,9 @@ def spark_submit(master, args, out, conf=(), archives=None, timeout=1200, job="t
         return proc.stdout + proc.stderr, json.load(f)
 
 
-def submit_command(master, args, out, conf=(), archives=None, job="train_ctr.py"):
-    """The ``spark-submit`` command line and environment :func:`spark_submit` runs."""
+def submit_command(master, args, out, conf=(), archives=None, job="train_ctr.py", python=None):
+    """The ``spark-submit`` command line and environment :func:`spark_submit` runs. ``archives``: the executors'
+    environment shipped (``./environment/bin/python`` from it); ``python``: installed on every node at that path."""
     spark_submit_bin = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     cmd = [spark_submit_bin, "--conf", "spark.ui.showConsoleProgress=false", "--conf", f"spark.python.daemon.module={DAEMON}"]
@@ -179,6 +180,9 @@ def submit_command(master, args, out, conf=(), archives=None, job="train_ctr.py"
         env.pop("PYSPARK_PYTHON")
         cmd += ["--archives", f"{archives}#environment", "--conf", "spark.pyspark.python=./environment/bin/python",
                 "--conf", f"spark.pyspark.driver.python={sys.executable}"]
+    elif python:
+        env["PYSPARK_PYTHON"] = python
+        cmd += ["--conf", f"spark.pyspark.python={python}", "--conf", f"spark.pyspark.driver.python={sys.executable}"]
     for c in conf:
         cmd += ["--conf", c]
     cmd += [os.path.join(ROOT, "jobs", job), *args, "--output", str(out)]  # an absolute JOB stays as it is

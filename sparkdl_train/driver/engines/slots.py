@@ -44,9 +44,13 @@ def check_concurrent_slots(sc: Any, ranks: int, wait: float, need: str) -> int:
             time.sleep(0.5)
             slots = barrier_slots(sc)
     if slots < ranks:
+        conf = sc.getConf()
+        dynamic = (conf.get("spark.dynamicAllocation.enabled") or "false").strip().lower() == "true"
         raise ConfigError(
             f"{need}, "
             f"but the cluster offers {slots} (executors x cores / spark.task.cpus); lower num_workers "
             "(spark.sparkdl_train.numWorkers) or add executors"
+            + ("; under dynamic allocation Spark asks for executors only for tasks already waiting, so set "
+               "spark.dynamicAllocation.minExecutors high enough for them, or use mode='asynchronous'" if dynamic else "")
         )
     return slots
