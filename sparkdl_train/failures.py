@@ -17,6 +17,8 @@ import enum
 import re
 from dataclasses import dataclass, field
 
+from .errors import WorkerError
+
 # the classic session's, and a Spark Connect client's (pyspark.errors.exceptions.connect: an
 # interrupted operation arrives as an UnknownException wrapping OPERATION_CANCELED)
 SPARK_ERRORS = ("PythonException", "Py4JJavaError", "SparkException", "UnknownException", "SparkConnectGrpcException")
@@ -112,6 +114,12 @@ def memory_kill(removed: dict[str, str]) -> SparkFailure | None:
             failure = classify_text(f"ExecutorLostFailure (executor {executor} exited) Reason: {reason}")
             return SparkFailure(Cause.CONTAINER_MEMORY, -1, failure.summary, reason, executor)
     return None
+
+
+def memory_error(failure: SparkFailure, what: str) -> WorkerError:
+    """The fit's error for ``failure`` (a :func:`memory_kill`): ``what`` failed on an executor."""
+    return WorkerError(f"sparkdl_train fit: {what} failed on an executor: {failure.summary}",
+                       {failure.partition: failure.text}, cause=failure.cause.value)
 
 
 # A SparkContext that failed to start for a reason a second start does not share. Spark's YARN client

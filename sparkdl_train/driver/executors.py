@@ -88,3 +88,11 @@ def removed_executors(sc: Any) -> dict[str, str]:
     except Exception as exc:  # noqa: BLE001 - a Connect session, a stopped context, or the API changed
         log.debug("cannot read the removed executors from the status store: %s", exc)
     return out
+
+
+def memory_kill_since(sc: Any, before: set[str]):
+    """The first executor gone since ``before`` (ids :func:`removed_executors` listed then) that its cluster
+    manager killed for its memory (:func:`sparkdl_train.failures.memory_kill`); ``None`` when none was."""
+    from ..failures import memory_kill
+
+    return memory_kill({k: v for k, v in removed_executors(sc).items() if k not in before})

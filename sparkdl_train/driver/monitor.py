@@ -30,12 +30,12 @@ import time
 import uuid
 from typing import Any, Callable, TypeVar
 
-from ..errors import FitCancelled, WorkerError
-from ..failures import SparkFailure, memory_kill
+from ..errors import FitCancelled
+from ..failures import SparkFailure, memory_error
 from ..net import new_identity, new_secret
 from ..worker.report import ReportSettings
 from .background import spark_thread
-from .executors import removed_executors
+from .executors import memory_kill_since, removed_executors
 from .progress import FitProgress
 from .reports import EpochTally, ReportServer
 
@@ -181,9 +181,7 @@ class FitMonitor:
             raise
         error = box.get("error")
         if error is not None and (self.memory_failure is not None or self._watch_executors(epoch)):
-            f = self.memory_failure
-            raise WorkerError(f"sparkdl_train fit: epoch {epoch + 1} failed on an executor: {f.summary}",
-                              {f.partition: f.text}, cause=f.cause.value) from error
+            raise memory_error(self.memory_failure, f"epoch {epoch + 1}") from error
         if error is not None:
             if isinstance(error, FitCancelled) and self.stop_requested and not self.cancel_requested:
                 raise EpochStopped(tally, time.perf_counter() - start) from None
@@ -196,8 +194,7 @@ class FitMonitor:
         :attr:`memory_failure`)."""
         if self.sc is None:
             return False
-        removed = {k: v for k, v in removed_executors(self.sc).items() if k not in (self._removed_before or ())}
-        self.memory_failure = memory_kill(removed)
+        self.memory_failure = memory_kill_since(self.sc, self._removed_before or set())
         if self.memory_failure is not None:
             log.error("epoch %d: %s; ending the fit (the next container would be killed too)", epoch + 1,
                       self.memory_failure.summary)

@@ -66,14 +66,20 @@ class PendingPrepare:
 
         ``watch`` is called every 2 s while it waits, and may raise to end the fit (an executor killed
         for its memory while it rebuilt the model: the epoch's would be killed too)."""
-        if self._call is not None and watch is not None:
-            deadline = time.monotonic() + timeout
-            while not self._call.wait(min(2.0, max(0.0, deadline - time.monotonic()))) and time.monotonic() < deadline:
+        if self._call is None:
+            return
+        deadline = time.monotonic() + timeout
+        step = 2.0 if watch is not None else timeout
+        while True:
+            ended = self._call.wait(max(0.0, min(step, deadline - time.monotonic())))
+            if watch is not None:
                 watch()
-            watch()
-        if self._call is not None and not self._call.wait(0 if watch is not None else timeout):
-            log.info("prepare: the executors' prepare job did not end within %g s; cancelled, the first epoch goes on", timeout)
-            self._call.cancel(5.0)
+            if ended:
+                return
+            if time.monotonic() >= deadline:
+                break
+        log.info("prepare: the executors' prepare job did not end within %g s; cancelled, the first epoch goes on", timeout)
+        self._call.cancel(5.0)
 
     def finish(self, timeout: float = 5.0) -> dict[str, Any]:
         """After the first epoch: :meth:`wait` up to ``timeout`` seconds (its tasks ran before

@@ -17,8 +17,8 @@ from ..data.adapters import DataAdapter, DataFrameAdapter, is_dataframe, is_rdd
 from ..data.batching import Batch, row_signature
 from ..data.output import output_columns
 from ..data.transform import BatchTransform
-from ..errors import ConfigError, DataError, ModelError, WorkerError
-from ..failures import memory_kill
+from ..errors import ConfigError, DataError, ModelError
+from ..failures import memory_error
 from ..model_io import ModelPayload, build_from_batch, build_with, check_compiled, serialize_builder, serialize_model
 from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
@@ -28,7 +28,7 @@ from .background import SparkCall
 from .connect import active_connect_session, check_reachable, context_of, is_connect, unreachable_error
 from .efficiency import few_steps_advice
 from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs, use_tls
-from .executors import removed_executors
+from .executors import memory_kill_since, removed_executors
 from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
 from .phases import Phases
@@ -694,10 +694,9 @@ def _test_step_eagerly(model: Any, batch: Batch) -> None:
 def _memory_kills(sc: Any, gone_before: set[str]) -> None:
     """Raise the fit's error when an executor this fit lost was killed for its memory (its preparation's jobs
     run the model too: the next container would be killed as well)."""
-    failure = memory_kill({k: v for k, v in removed_executors(sc).items() if k not in gone_before})
+    failure = memory_kill_since(sc, gone_before)
     if failure is not None:
-        raise WorkerError(f"sparkdl_train fit: preparing the first epoch failed on an executor: {failure.summary}",
-                          {failure.partition: failure.text}, cause=failure.cause.value)
+        raise memory_error(failure, "preparing the first epoch")
 
 
 @contextlib.contextmanager

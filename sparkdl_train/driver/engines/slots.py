@@ -21,8 +21,7 @@ def barrier_slots(sc: Any) -> int:
 def check_barrier_launch(sc: Any, ranks: int, wait: float) -> int:
     """Fail before launch (not after Spark's minutes of retries) when a barrier stage of
     ``ranks`` tasks cannot be scheduled. Returns the slot count."""
-    conf = sc.getConf()
-    if (conf.get("spark.dynamicAllocation.enabled") or "false").strip().lower() == "true":
+    if _dynamic_allocation(sc):
         raise ConfigError(
             "mode='allreduce' runs as a Spark barrier stage, which Spark does not support with "
             "spark.dynamicAllocation.enabled=true; disable dynamic allocation or use a parameter-server mode"
@@ -44,8 +43,7 @@ def check_concurrent_slots(sc: Any, ranks: int, wait: float, need: str) -> int:
             time.sleep(0.5)
             slots = barrier_slots(sc)
     if slots < ranks:
-        conf = sc.getConf()
-        dynamic = (conf.get("spark.dynamicAllocation.enabled") or "false").strip().lower() == "true"
+        dynamic = _dynamic_allocation(sc)
         raise ConfigError(
             f"{need}, "
             f"but the cluster offers {slots} (executors x cores / spark.task.cpus); lower num_workers "
@@ -54,3 +52,7 @@ def check_concurrent_slots(sc: Any, ranks: int, wait: float, need: str) -> int:
                "spark.dynamicAllocation.minExecutors high enough for them, or use mode='asynchronous'" if dynamic else "")
         )
     return slots
+
+
+def _dynamic_allocation(sc: Any) -> bool:
+    return (sc.getConf().get("spark.dynamicAllocation.enabled") or "false").strip().lower() == "true"
