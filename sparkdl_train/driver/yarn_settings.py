@@ -7,9 +7,13 @@ What is checked, and why:
 * ``HADOOP_CONF_DIR`` (or ``YARN_CONF_DIR``) names a folder with ``yarn-site.xml``: without it the client
   cannot find the ResourceManager and Spark waits on ``0.0.0.0:8032``.
 * the deploy mode is client: a notebook's kernel is the driver.
-* ``spark.archives`` ships the executors' environment (``./run pack``) under an alias, and
+* ``spark.yarn.dist.archives`` ships the executors' environment (``./run pack``) under an alias, and
   ``spark.pyspark.python`` runs the Python inside it (``./environment/bin/python``); a local archive is
   uploaded by every application (a warning: put it on HDFS, where each NodeManager localizes it once).
+  ``spark.archives`` (what ``--archives`` sets) works too but is a warning: YARN localizes it, and then every
+  Spark 4 executor unpacks it again into a folder of its own before it takes a task (about 20 s of CPU for
+  the 1.5 GB environment, per executor; under dynamic allocation an executor can reach its idle timeout,
+  and be released, before it has ever been usable).
   ``spark.pyspark.driver.python`` may not point into the archive: in client mode the driver runs here.
   In a notebook pyspark takes the executors' Python from ``PYSPARK_PYTHON`` (``spark.pyspark.python`` is read
   by ``spark-submit`` only, which sets the variable from it): the two must agree, or the executors run
@@ -105,24 +109,29 @@ def _deploy_mode(settings: Mapping[str, str]) -> Finding:
 
 
 def _environment(settings: Mapping[str, str], env: Mapping[str, str]) -> list[Finding]:
-    archives = settings.get("spark.archives") or settings.get("spark.yarn.dist.archives")
+    key = "spark.yarn.dist.archives" if settings.get("spark.yarn.dist.archives") else "spark.archives"
+    archives = settings.get(key)
     python = settings.get("spark.pyspark.python") or settings.get("spark.executorEnv.PYSPARK_PYTHON")
     if not archives:
-        return [Finding("spark.archives", None, ERROR, "ship the executors' environment (./run pack's archive) with "
-                        "spark.archives hdfs:///path/sparkdl_env.tar.gz#environment: YARN's nodes have no sparkdl_train")]
+        return [Finding("spark.yarn.dist.archives", None, ERROR, "ship the executors' environment (./run pack's archive) "
+                        "with spark.yarn.dist.archives hdfs:///path/sparkdl_env.tar.gz#environment: YARN's nodes have no "
+                        "sparkdl_train")]
     aliases = {a.partition("#")[2] for a in archives.split(",") if "#" in a}
     found = []
     local = [a.partition("#")[0] for a in archives.split(",") if "://" not in a or a.startswith("file:")]
+    if key == "spark.archives":
+        found.append(Finding(key, archives, WARNING, "every executor unpacks a spark.archives archive again before it takes "
+                             "a task (YARN has localized it already): set spark.yarn.dist.archives instead"))
     if local:
-        found.append(Finding("spark.archives", archives, WARNING, f"{local[0]} is a local file: every application uploads it "
+        found.append(Finding(key, archives, WARNING, f"{local[0]} is a local file: every application uploads it "
                              "again; put it on HDFS, where each NodeManager localizes it once"))
-    else:
-        found.append(Finding("spark.archives", archives, OK, "each NodeManager localizes it once"))
+    elif key != "spark.archives":
+        found.append(Finding(key, archives, OK, "each NodeManager localizes it once"))
     inside = python and any(python.startswith(f"./{alias}/") or python.startswith(f"{alias}/") for alias in aliases)
     if not inside:
         found.append(Finding("spark.pyspark.python", python, ERROR, "the executors must run the archive's Python: set "
                              f"spark.pyspark.python to ./{next(iter(aliases), 'environment')}/bin/python (the alias after # in "
-                             "spark.archives)"))
+                             f"{key})"))
     elif env.get("PYSPARK_PYTHON") != python:
         found.append(Finding("PYSPARK_PYTHON", env.get("PYSPARK_PYTHON"), ERROR, "pyspark in a notebook starts the executors' "
                              f"Python from PYSPARK_PYTHON, not spark.pyspark.python: set os.environ['PYSPARK_PYTHON'] = "

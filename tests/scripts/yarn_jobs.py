@@ -17,6 +17,12 @@ the other: a synchronous fit (its rounds need both workers at once) started then
 gave the node its room back (``LATE WAITING`` tells it when); each fit's outcome, how long it took and where
 it ran (``<output>/late.json``).
 
+``elastic``: submitted under dynamic allocation (one executor at first, two at most, idle ones released), its
+data uncached: an asynchronous fit of four workers that starts on one executor and gets a second while its
+tasks wait, loses one when both sit idle through a slow step between two epochs and gets another; then an
+averaging fit and an allreduce fit (refused: barrier stages need their slots fixed). Each epoch's executors, Spark's record of when each executor came and
+went, and the outcomes (``<output>/elastic.json``).
+
 ``memory``: submitted with containers too small for TensorFlow: the job's start (its executors' check) or its
 asynchronous fit meets a container killed by its NodeManager for its memory; what the job reports, when, and
 the cause it was given (``<output>/memory.json``).
@@ -72,8 +78,9 @@ def engines(spark, args, out_dir: str) -> None:
                   "--output", os.path.join(out_dir, name)], spark=spark)
 
 
-def features(spark, data: str):
-    """The job's feature tables from the CTR data (train cached on the executors, test), and the model."""
+def features(spark, data: str, cache: bool = True):
+    """The job's feature tables from the CTR data (train in two partitions cached on the executors, or as read
+    and uncached), test, and the model."""
     from pyspark.sql import functions as F
 
     from sparkdl_train.datasets import ctr as ctr_data
@@ -84,8 +91,9 @@ def features(spark, data: str):
     vocab = build_vocabulary(df.where(~is_test), ctr_data.CAT_COLS, min_count=5, max_size=65536)
     train, test = (ctr_features(d, ctr_data.DENSE_COLS, ctr_data.CAT_COLS, vocab, ["label"])
                    for d in (df.where(~is_test), df.where(is_test)))
-    train = train.repartition(2).cache()
-    train.count()
+    if cache:
+        train = train.repartition(2).cache()
+        train.count()
     return train, test, new_model(vocab.size)
 
 
@@ -167,6 +175,83 @@ def late(spark, args, out_dir: str) -> None:
         json.dump(out, f, indent=2)
 
 
+def executor_timeline(sc) -> dict[str, dict]:
+    """Spark's record of this application's executors (the driver's status store): when each came, when and why
+    it went (epoch seconds)."""
+    out = {}
+    executors = sc._jsc.sc().statusStore().executorList(False)
+    for i in range(executors.size()):
+        e = executors.apply(i)
+        if e.id() == "driver":
+            continue
+        removed = e.removeTime()
+        reason = e.removeReason()
+        out[str(e.id())] = {"added": e.addTime().getTime() / 1000,
+                            "removed": removed.get().getTime() / 1000 if removed.isDefined() else None,
+                            "reason": str(reason.get()) if reason.isDefined() else None}
+    return out
+
+
+def _wait_for(what: str, condition, timeout: float) -> float:
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def elastic(spark, args, out_dir: str) -> None:
+    import keras
+
+    from sparkdl_train import SparkModel
+    from sparkdl_train.errors import ConfigError
+
+    sc = spark.sparkContext
+    print(f"APPLICATION {sc.applicationId}", flush=True)
+    train, test, model = features(spark, args.data, cache=False)  # nothing cached: any executor may be released
+
+    def active() -> list[str]:
+        return sorted(k for k, v in executor_timeline(sc).items() if v["removed"] is None)
+
+    out = {"application_id": sc.applicationId, "train_rows": train.count()}
+    # the session's first executor only (minExecutors): what a fit started in a quiet notebook finds
+    out["settle_seconds"] = _wait_for("one executor left", lambda: len(active()) == 1, 120)
+    out["before_fit"] = active()
+
+    class SlowStep(keras.callbacks.Callback):
+        """A step of the driver's own after the second epoch (a slow checkpoint, a validation elsewhere), long
+        enough for dynamic allocation to release an idle executor (nothing cached on it)."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            present = set(active())
+            if epoch == 1 and len(present) > 1:
+                out["release_wait"] = _wait_for("an idle executor released", lambda: not present <= set(active()), 120)
+
+    fits = {}
+    for name, mode, frequency, epochs, callbacks in (("asynchronous", "asynchronous", 4, 4, [SlowStep()]),
+                                                     ("averaging", "synchronous", "epoch", 2, [])):
+        # four workers' tasks for one executor's core: they wait long enough for Spark to add an executor
+        sm = SparkModel(model, mode=mode, frequency=frequency, num_workers=4)
+        started = time.time()
+        sm.fit(train, epochs=epochs, batch_size=64, callbacks=callbacks, verbose=1, **COLUMNS)
+        logs = sm.evaluate(test, batch_size=4096, return_dict=True, **COLUMNS)
+        fits[name] = {"started": started, "ended": time.time(), "auc": logs["auc"],
+                      "epochs": [{"samples": e.samples, "executors": e.executors} for e in sm.stats.epochs]}
+    out["fits"] = fits
+    sm = SparkModel(model, mode="allreduce", num_workers=2)
+    started = time.monotonic()
+    try:
+        sm.fit(train, epochs=1, batch_size=64, verbose=0, **COLUMNS)
+        out["allreduce"] = {"error": None}
+    except ConfigError as exc:
+        out["allreduce"] = {"error": str(exc)}
+    out["allreduce"]["seconds"] = time.monotonic() - started
+    out["executors"] = executor_timeline(sc)
+    with open(os.path.join(out_dir, "elastic.json"), "w") as f:
+        json.dump(out, f, indent=2)
+
+
 def memory(spark, args, out_dir: str) -> None:
     """Containers too small for the executors' TensorFlow: the session's start is ours (``start_job`` is the
     step under test: its executors' check may be where the first container is killed)."""
@@ -201,7 +286,7 @@ def memory(spark, args, out_dir: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["engines", "killed", "lost-node", "late", "memory"])
+    p.add_argument("what", choices=["engines", "killed", "lost-node", "late", "memory", "elastic"])
     p.add_argument("--data", required=True)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--output", required=True)
@@ -216,7 +301,7 @@ def main() -> None:
         spark.stop()
         return
     spark, _, out_dir = start_job(f"sparkdl_train-yarn-{args.what}", args.output)
-    {"engines": engines, "killed": killed, "lost-node": lost_node, "late": late}[args.what](spark, args, out_dir)
+    {"engines": engines, "killed": killed, "lost-node": lost_node, "late": late, "elastic": elastic}[args.what](spark, args, out_dir)
     if args.what != "killed":
         spark.stop()
 

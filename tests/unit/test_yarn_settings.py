@@ -23,7 +23,8 @@ def by_setting(findings):
 
 def test_the_projects_yarn_properties_pass_as_written(env):
     settings = read_properties(CONF)
-    assert settings["spark.archives"] == "hdfs:///apps/sparkdl_env.tar.gz#environment"
+    assert settings["spark.yarn.dist.archives"] == "hdfs:///apps/sparkdl_env.tar.gz#environment"
+    assert "spark.archives" not in settings
     found = check(settings, env, mode="asynchronous")
     assert {f.level for f in found} == {OK}, [f for f in found if f.level != OK]
     assert by_setting(found)["spark.executor.memoryOverhead"].value == "1536m"
@@ -39,7 +40,7 @@ def test_no_hadoop_conf_dir_is_an_error_naming_it(tmp_path):
 @pytest.mark.parametrize("change, setting, words", [
     ({"spark.executor.memoryOverhead": "512m"}, "spark.executor.memoryOverhead", "at least 1024m"),
     ({"spark.executor.memoryOverhead": None, "spark.executor.memory": "4g"}, "spark.executor.memoryOverhead", "TensorFlow"),
-    ({"spark.archives": None}, "spark.archives", "./run pack"),
+    ({"spark.yarn.dist.archives": None}, "spark.yarn.dist.archives", "./run pack"),
     ({"spark.pyspark.python": "/usr/bin/python3"}, "spark.pyspark.python", "./environment/bin/python"),
     ({"spark.pyspark.driver.python": "./environment/bin/python"}, "spark.pyspark.driver.python", "client mode"),
     ({"spark.submit.deployMode": "cluster"}, "spark.submit.deployMode", "client mode"),
@@ -75,10 +76,11 @@ def test_gpus_asked_for_with_their_script_pass_and_name_yarns_resource(env):
 
 
 def test_a_local_archive_and_dynamic_allocation_are_warnings_and_allreduce_refuses_dynamic_allocation(env):
-    settings = dict(read_properties(CONF), **{"spark.archives": "sparkdl_env.tar.gz#environment",
+    settings = dict(read_properties(CONF), **{"spark.yarn.dist.archives": "sparkdl_env.tar.gz#environment",
                                              "spark.dynamicAllocation.enabled": "true"})
     found = by_setting(check(settings, env, mode="asynchronous"))
-    assert found["spark.archives"].level == WARNING and "HDFS" in found["spark.archives"].message
+    key = "spark.yarn.dist.archives"
+    assert found[key].level == WARNING and "HDFS" in found[key].message
     assert found["spark.dynamicAllocation.enabled"].level == WARNING
     assert by_setting(check(settings, env, mode="allreduce"))["spark.dynamicAllocation.enabled"].level == ERROR
 
@@ -88,3 +90,13 @@ def test_sizes_read_as_spark_reads_them():
     assert mebibytes("512k") == 0.5
     with pytest.raises(ValueError, match="not a size"):
         mebibytes("lots")
+
+
+def test_spark_archives_works_but_is_a_warning_naming_spark_yarn_dist_archives(env):
+    """--archives (spark.archives) on YARN: the executors unpack the archive again, each before its first task."""
+    settings = dict(read_properties(CONF), **{"spark.archives": "hdfs:///apps/sparkdl_env.tar.gz#environment"})
+    del settings["spark.yarn.dist.archives"]
+    found = check(settings, env, mode="asynchronous")
+    assert not errors(found)
+    (warning,) = [f for f in found if f.setting == "spark.archives"]
+    assert warning.level == WARNING and "spark.yarn.dist.archives" in warning.message and "unpacks" in warning.message
