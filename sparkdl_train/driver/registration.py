@@ -26,11 +26,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .spark_conf import DYNAMIC_ALLOCATION, dynamic_allocation
+
 log = logging.getLogger(__name__)
 
 SETTING = "spark.sparkdl_train.executors.registrationTimeout"
 _KEYS = ("spark.executor.instances", "spark.executor.cores", "spark.cores.max", "spark.task.cpus",
-         "spark.dynamicAllocation.enabled", "spark.dynamicAllocation.minExecutors")
+         DYNAMIC_ALLOCATION, "spark.dynamicAllocation.minExecutors")
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,")
 
 
@@ -79,7 +81,7 @@ def expected_executors(master: str, conf: dict[str, str]) -> Expected | None:
         return Expected(int(m.group(1)), None, f"master {master}")
     if not master or master.startswith("local"):
         return None
-    if (conf.get("spark.dynamicAllocation.enabled") or "false").strip().lower() == "true":
+    if dynamic_allocation(conf):
         low = _int(conf, "spark.dynamicAllocation.minExecutors")
         return Expected(low, None, f"spark.dynamicAllocation.minExecutors={low}") if low else None
     instances = _int(conf, "spark.executor.instances")

@@ -9,7 +9,7 @@ the ``spark.sparkdl_train.*`` entries in one call, :func:`conf_values` each name
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from ..config import CONF_PREFIX
 
@@ -35,6 +35,14 @@ def conf_values(sc: Any, keys: Iterable[str]) -> dict[str, str]:
         return {k: v for k, v in sc.getConf().getAll() if k in keys}
     values = {key: jconf.get(key, None) for key in keys}
     return {k: v for k, v in values.items() if v is not None}
+
+
+DYNAMIC_ALLOCATION = "spark.dynamicAllocation.enabled"
+
+
+def dynamic_allocation(conf: Mapping[str, str]) -> bool:
+    """Whether ``conf`` (settings as strings) turns Spark's dynamic allocation on."""
+    return (conf.get(DYNAMIC_ALLOCATION) or "false").strip().lower() == "true"
 
 
 LOCALITY_WAIT = "spark.locality.wait"

@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from .spark_conf import DYNAMIC_ALLOCATION, dynamic_allocation
+
 MIN_OVERHEAD_MIB = 1024
 
 OK, WARNING, ERROR = "ok", "warning", "error"
@@ -178,8 +180,8 @@ def _gpus(settings: Mapping[str, str]) -> list[Finding]:
 
 
 def _dynamic_allocation(settings: Mapping[str, str], mode: str | None) -> Finding:
-    key = "spark.dynamicAllocation.enabled"
-    on = settings.get(key, "false").lower() == "true"
+    key = DYNAMIC_ALLOCATION
+    on = dynamic_allocation(settings)
     if on and mode == "allreduce":
         return Finding(key, "true", ERROR, "barrier stages (mode='allreduce') refuse dynamic allocation (SPARK-24954)")
     if on and mode == "synchronous":

@@ -20,8 +20,8 @@ it ran (``<output>/late.json``).
 ``elastic``: submitted under dynamic allocation (one executor at first, two at most, idle ones released), its
 data uncached: an asynchronous fit of four workers that starts on one executor and gets a second while its
 tasks wait, loses one when both sit idle through a slow step between two epochs and gets another; then an
-averaging fit and an allreduce fit (refused: barrier stages need their slots fixed). Each epoch's executors, Spark's record of when each executor came and
-went, and the outcomes (``<output>/elastic.json``).
+averaging fit and an allreduce fit (refused: barrier stages need their slots fixed). Each epoch's executors,
+Spark's record of when each executor came and went, and the outcomes (``<output>/elastic.json``).
 
 ``memory``: submitted with containers too small for TensorFlow: the job's start (its executors' check) or its
 asynchronous fit meets a container killed by its NodeManager for its memory; what the job reports, when, and

@@ -55,13 +55,20 @@ class Unshippable(keras.layers.Layer):  # an object argument and no get_config: 
         return self.fn(x)
 
 
+class FakeConf(dict):
+    """Stands for a SparkConf: ``get`` and ``getAll``."""
+
+    def getAll(self):  # noqa: N802 - SparkConf's name
+        return list(self.items())
+
+
 class FakeSC:
     """Stands for a SparkContext whose conf enables dynamic allocation."""
 
     master = "yarn"
 
     def getConf(self):
-        return {"spark.dynamicAllocation.enabled": "true"}
+        return FakeConf({"spark.dynamicAllocation.enabled": "true"})
 
 
 def _uncompiled(spark, df):

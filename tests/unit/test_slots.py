@@ -20,6 +20,9 @@ class FakeContext:
     def get(self, key, default=None):
         return self.conf.get(key, default)
 
+    def getAll(self):  # noqa: N802 - SparkConf's name
+        return list(self.conf.items())
+
 
 def test_too_few_slots_name_the_need_and_the_offer():
     with pytest.raises(ConfigError) as info:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from ...errors import ConfigError
+from ..spark_conf import DYNAMIC_ALLOCATION, conf_values, dynamic_allocation
 
 
 def barrier_slots(sc: Any) -> int:
@@ -55,4 +56,4 @@ def check_concurrent_slots(sc: Any, ranks: int, wait: float, need: str) -> int:
 
 
 def _dynamic_allocation(sc: Any) -> bool:
-    return (sc.getConf().get("spark.dynamicAllocation.enabled") or "false").strip().lower() == "true"
+    return dynamic_allocation(conf_values(sc, [DYNAMIC_ALLOCATION]))
