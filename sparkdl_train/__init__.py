@@ -24,13 +24,15 @@ _EXPORTS = {
     "SparkModel": "sparkdl_train.driver.spark_model",
     "WorkerError": "sparkdl_train.errors",
     "check_executors": "sparkdl_train.driver.preflight",
+    "latest_version": "sparkdl_train.driver.stream",
+    "load_latest": "sparkdl_train.driver.spark_model",
     "load_spark_model": "sparkdl_train.driver.spark_model",
     "to_simple_rdd": "sparkdl_train.data.rdd",
     "warm_up": "sparkdl_train.driver.warm_up",
 }
 __all__ = [
     "ConfigError", "ConsistencyError", "DataError", "EngineConfig", "FitCancelled", "FitConfig", "ModelError",
-    "ServerStopped", "SparkDLError", "SparkModel", "WorkerError", "check_executors", "load_spark_model", "to_simple_rdd",
+    "ServerStopped", "SparkDLError", "SparkModel", "WorkerError", "check_executors", "latest_version", "load_latest", "load_spark_model", "to_simple_rdd",
     "warm_up",
 ]
 
@@ -38,7 +40,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .config import EngineConfig, FitConfig
     from .data.rdd import to_simple_rdd
     from .driver.preflight import check_executors
-    from .driver.spark_model import SparkModel, load_spark_model
+    from .driver.spark_model import SparkModel, load_latest, load_spark_model
+    from .driver.stream import latest_version
     from .driver.warm_up import warm_up
     from .errors import ConfigError, ConsistencyError, DataError, FitCancelled, ModelError, ServerStopped, SparkDLError, WorkerError
 

@@ -43,6 +43,7 @@ class Restored:
     epochs_done: int  # completed epochs: the fit continues with this epoch index
     history: list[dict[str, float]] = field(default_factory=list)  # each completed epoch's logs
     path: str = ""
+    info: dict[str, Any] = field(default_factory=dict)  # what the saver passed as ``info`` (a stream's batch id)
 
 
 class Checkpointer:
@@ -101,7 +102,8 @@ class Checkpointer:
         set_state(model, arrays)
         self.history = [dict(h) for h in meta.get("history", [])]
         log.info("resuming from %s: %d epochs done", self.fs.qualified(file), meta["epochs_done"])
-        return Restored(int(meta["epochs_done"]), list(self.history), self.fs.qualified(file))
+        info = {k: v for k, v in meta.items() if k not in ("format", "format_version", "epochs_done", "file", "history")}
+        return Restored(int(meta["epochs_done"]), list(self.history), self.fs.qualified(file), info)
 
     def save(self, model: Any, epochs_done: int, logs: dict[str, Any], info: dict[str, Any] | None = None) -> str:
         """Write the state after ``epochs_done`` completed epochs; returns the state file's path."""

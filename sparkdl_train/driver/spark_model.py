@@ -215,8 +215,6 @@ class SparkModel:
         ``mlflow``: log this fit to MLflow from the driver (settings, per-epoch metrics, throughput,
         where the tasks ran, the model); ``None`` follows :func:`sparkdl_train.mlflow.autolog`.
         """
-        import keras
-
         _not_data("fit", "epochs", epochs)
         fit_cfg = FitConfig(
             epochs=epochs,
@@ -230,10 +228,71 @@ class SparkModel:
         if validation_data is not None and validation_split:
             raise ConfigError("pass either validation_data or validation_split, not both")
         _check_callbacks(callbacks)
-        track = tracking.enabled(mlflow)
-        phases = Phases()  # FitStats.phases: where the time before the first epoch goes
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         self._remember_transform(transform, data)
+        with self._session(data, fit_cfg, callbacks, validation_data, checkpoint_dir, tracking.enabled(mlflow)) as (engine, loop):
+            loop.logs = self._run_epochs(engine, loop)
+        return self._model.history
+
+    def fit_stream(
+        self,
+        stream_df: Any,
+        checkpoint_location: str,
+        batch_size: int = 32,
+        feature_cols: Any = None,
+        label_col: Any = None,
+        sample_weight_col: str | None = None,
+        trigger: Any = None,
+        passes: int = 1,
+        publish_every: int | None = None,
+        publish_dir: str | None = None,
+        prequential: bool = False,
+        stream_retries: int = 2,
+        callbacks: Sequence[Any] | None = None,
+        transform: Any = None,
+        query_name: str | None = None,
+        shuffle: bool = True,
+        mlflow: bool | None = None,
+    ) -> Any:
+        """Train continuously on a streaming DataFrame; returns a :class:`~sparkdl_train.driver.stream.StreamFit`
+        (``.query`` is the ``StreamingQuery``; ``stop()``, ``awaitTermination()``, ``batches``).
+
+        Each micro-batch is ``passes`` training passes of this SparkModel's engine over its rows (the
+        engine and its servers live as long as the query). ``checkpoint_location`` holds Spark's checkpoint
+        and the model's, committed together per micro-batch: a query restarted with the same location goes
+        on after the last trained micro-batch, none trained twice or skipped (docs/streaming.md).
+        ``trigger``: Spark's, as a dict (``{"processingTime": "10 seconds"}``, ``{"availableNow": True}``) or
+        a processing-time string. ``publish_every`` micro-batches the model is saved as a new version under
+        ``publish_dir`` (``load_latest(publish_dir)`` reads the newest complete one). ``prequential``: score
+        each micro-batch with the model before it trains on it (``BatchRecord.prequential``).
+        ``stream_retries``: how often a failed micro-batch is trained again from the last commit.
+        ``feature_cols``, ``label_col``, ``sample_weight_col``, ``transform`` and ``callbacks`` as in ``fit``
+        (epoch hooks run once per micro-batch, with its id as the epoch)."""
+        from . import stream
+
+        settings = stream.StreamSettings(batch_size=batch_size, passes=passes, publish_every=publish_every, publish_dir=publish_dir,
+                                         prequential=bool(prequential), retries=stream_retries, shuffle=shuffle)
+        if isinstance(trigger, str):
+            trigger = {"processingTime": trigger}
+        elif trigger is not None and not isinstance(trigger, dict):
+            raise ConfigError(f"fit_stream: trigger is a dict of DataStreamWriter.trigger's arguments or a processing-time "
+                              f"string, got {trigger!r}")
+        _check_callbacks(callbacks)
+        self._remember_columns(feature_cols, label_col, sample_weight_col)
+        self._remember_transform(transform, stream_df)
+        return stream.start(self, stream_df, settings, checkpoint_location, trigger, callbacks, query_name,
+                            tracking.enabled(mlflow))
+
+    @contextlib.contextmanager
+    def _session(self, data: Any, fit_cfg: FitConfig, callbacks: Sequence[Any] | None, validation_data: Any,
+                 checkpoint_dir: str | None, track: bool) -> Iterator[tuple[Engine, "_EpochLoop"]]:
+        """One fit's setup, engine and cleanup around the passes its caller runs: ``fit``'s epochs, or a
+        stream's micro-batches (:mod:`sparkdl_train.driver.stream`). The checks, the sample, the prepare job and
+        the engine's servers happen once; the caller trains with :meth:`_one_epoch` and leaves the last logs
+        in ``loop.logs``."""
+        import keras
+
+        phases = Phases()  # FitStats.phases: where the time before the first epoch goes
         model = self._model
         with phases("adapter"):
             train, config = self._adapter(data, labelled=True, what="data")
@@ -310,7 +369,7 @@ class SparkModel:
             monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
                                  live=live, tls=launch.tls, removed_before=gone_before)
             self._monitor = monitor
-            loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer)
+            loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer, launch=launch, config=config)
         except BaseException:  # before the epochs' own cleanup takes over: no job, no broadcast left
             if prepare is not None:
                 prepare.cancel()
@@ -319,7 +378,7 @@ class SparkModel:
                 run.fail()
             raise
         model.stop_training = False
-        log.info("fit: %d epochs on %d workers (mode=%s, frequency=%s)", epochs, launch.workers, config.mode, config.frequency)
+        log.info("fit: %d epochs on %d workers (mode=%s, frequency=%s)", fit_cfg.epochs, launch.workers, config.mode, config.frequency)
         engine = None
         try:
             # the job group, report server and the engine's servers live exactly this long
@@ -330,7 +389,7 @@ class SparkModel:
                     stack.enter_context(monitor)
                     engine = stack.enter_context(engine_cls(config, model, sc, launch))
                 cb.on_train_begin()
-                logs = self._run_epochs(engine, loop)
+                yield engine, loop
                 stopping = time.perf_counter()
             phases.add("stop", time.perf_counter() - stopping)
         except BaseException:
@@ -346,67 +405,72 @@ class SparkModel:
             progress.close()
         if prepare is not None:  # its tasks ran before the first epoch's
             self.stats.prepare = prepare.finish()
-        cb.on_train_end(logs)
+        cb.on_train_end(loop.logs)
         if run is not None:
             run.finish(model, self.stats, batch[0])
-        return model.history
 
     def _run_epochs(self, engine: Engine, loop: "_EpochLoop") -> dict[str, Any]:
+        logs: dict[str, Any] = {}
+        for epoch in range(loop.fit_cfg.initial_epoch, loop.fit_cfg.epochs):
+            logs, stopped = self._one_epoch(engine, loop, epoch)
+            if stopped or self._model.stop_training:
+                break
+        return logs
+
+    def _one_epoch(self, engine: Engine, loop: "_EpochLoop", epoch: int, label: str | None = None) -> tuple[dict[str, Any], bool]:
+        """Train one pass over ``loop.train`` as epoch ``epoch`` (its seed, its stats); returns its logs and
+        whether it was stopped midway. ``label`` names the pass in job descriptions and the progress bar."""
         model, fit_cfg, cb, progress = self._model, loop.fit_cfg, loop.callbacks, loop.progress
         s = loop.settings
         eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy, labels=s.labels,
                                      group=s.group)
-        logs: dict[str, Any] = {}
-        for epoch in range(fit_cfg.initial_epoch, fit_cfg.epochs):
-            cb.on_epoch_begin(epoch)
-            progress.epoch_begin(epoch)
-            validated = loop.val is not None and fit_cfg.validates_after(epoch)
-            # a stage of several epochs (allreduce.epochsPerStage) ends before a validation job: it holds every slot
-            stage_end = next((e for e in range(epoch, fit_cfg.epochs) if loop.val is not None and fit_cfg.validates_after(e)),
-                             fit_cfg.epochs - 1)
-            ctx = EpochContext(model, loop.train, loop.refs, loop.settings, epoch, fit_cfg.epochs, loop.monitor,
-                               stage_end=stage_end)
-            ph = ctx.phases
-            started = time.perf_counter()
-            try:
-                logs, stats = engine.train_epoch(ctx)
-            except EpochStopped as stop:
-                engine.stopped(model)
-                logs = stop.tally.logs()
-                t = stop.tally
-                self.stats.epochs.append(EpochStats(epoch, t.samples, t.steps, stop.seconds, {}, [], interrupted=True))
-                progress.epoch_end(epoch, logs, t.samples, stop.seconds, interrupted=True)
-                log.info("epoch %d/%d stopped early after %d samples", epoch + 1, fit_cfg.epochs, t.samples)
-                cb.on_epoch_end(epoch, logs)
-                break
-            # the engine's own work after the job: merging, applying the state, its bookkeeping
-            ph.add("merge", time.perf_counter() - started - ph.seconds.get("broadcast", 0.0) - ph.seconds.get("job", 0.0))
-            if validated:
-                with ph("validation"):
-                    val_logs = evaluate_logs(
-                        model, loop.val, loop.refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
-                    )
-                logs.update({f"val_{k}": v for k, v in val_logs.items()})
-            stats.phases = ph.seconds
-            self.stats.epochs.append(stats)
-            if len(self.stats.epochs) == 1 and stats.partitions:  # once per fit: few steps per worker (driver/efficiency.py)
-                trained = [i.get("batches", 0) for i in stats.partitions.values() if i.get("samples", 0) > 0]
-                advice = few_steps_advice(len(trained), sum(trained) / max(1, len(trained)), fit_cfg.batch_size, self.stats.mode)
-                if advice:
-                    self.stats.advice.append(advice)
-                    log.warning("%s", advice)
-            with ph("callbacks"):
-                progress.epoch_end(epoch, logs, stats.samples, stats.seconds)
-                log.info("epoch %d/%d %s (%.0f samples/s)", epoch + 1, fit_cfg.epochs,
-                         " ".join(f"{k}={v:.4g}" for k, v in logs.items() if isinstance(v, float)), stats.samples_per_second)
-                cb.on_epoch_end(epoch, logs)
-            if loop.checkpointer is not None:  # after the callbacks: a learning-rate change is part of the state
-                with ph("checkpoint"):
-                    loop.checkpointer.save(model, epoch + 1, logs, {"mode": self.stats.mode, "frequency": self.stats.frequency,
-                                                                    "num_workers": self.stats.num_workers, "epochs": fit_cfg.epochs})
-            if model.stop_training:
-                break
-        return logs
+        cb.on_epoch_begin(epoch)
+        progress.epoch_begin(epoch)
+        validated = loop.val is not None and fit_cfg.validates_after(epoch)
+        # a stage of several epochs (allreduce.epochsPerStage) ends before a validation job: it holds every slot
+        stage_end = next((e for e in range(epoch, fit_cfg.epochs) if loop.val is not None and fit_cfg.validates_after(e)),
+                         max(epoch, fit_cfg.epochs - 1))
+        ctx = EpochContext(model, loop.train, loop.refs, loop.settings, epoch, max(fit_cfg.epochs, epoch + 1), loop.monitor,
+                           stage_end=stage_end, label=label)
+        ph = ctx.phases
+        started = time.perf_counter()
+        try:
+            logs, stats = engine.train_epoch(ctx)
+        except EpochStopped as stop:
+            engine.stopped(model)
+            logs = stop.tally.logs()
+            t = stop.tally
+            self.stats.epochs.append(EpochStats(epoch, t.samples, t.steps, stop.seconds, {}, [], interrupted=True))
+            progress.epoch_end(epoch, logs, t.samples, stop.seconds, interrupted=True)
+            log.info("%s stopped early after %d samples", ctx.description, t.samples)
+            cb.on_epoch_end(epoch, logs)
+            return logs, True
+        # the engine's own work after the job: merging, applying the state, its bookkeeping
+        ph.add("merge", time.perf_counter() - started - ph.seconds.get("broadcast", 0.0) - ph.seconds.get("job", 0.0))
+        if validated:
+            with ph("validation"):
+                val_logs = evaluate_logs(
+                    model, loop.val, loop.refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
+                )
+            logs.update({f"val_{k}": v for k, v in val_logs.items()})
+        stats.phases = ph.seconds
+        self.stats.epochs.append(stats)
+        if len(self.stats.epochs) == 1 and stats.partitions:  # once per fit: few steps per worker (driver/efficiency.py)
+            trained = [i.get("batches", 0) for i in stats.partitions.values() if i.get("samples", 0) > 0]
+            advice = few_steps_advice(len(trained), sum(trained) / max(1, len(trained)), fit_cfg.batch_size, self.stats.mode)
+            if advice:
+                self.stats.advice.append(advice)
+                log.warning("%s", advice)
+        with ph("callbacks"):
+            progress.epoch_end(epoch, logs, stats.samples, stats.seconds)
+            log.info("%s %s (%.0f samples/s)", ctx.description,
+                     " ".join(f"{k}={v:.4g}" for k, v in logs.items() if isinstance(v, float)), stats.samples_per_second)
+            cb.on_epoch_end(epoch, logs)
+        if loop.checkpointer is not None:  # after the callbacks: a learning-rate change is part of the state
+            with ph("checkpoint"):
+                loop.checkpointer.save(model, epoch + 1, logs, {"mode": self.stats.mode, "frequency": self.stats.frequency,
+                                                                "num_workers": self.stats.num_workers, "epochs": fit_cfg.epochs})
+        return logs, False
 
     def _validation(self, train: DataAdapter, validation_data: Any, fit_cfg: FitConfig, config: EngineConfig) -> tuple[DataAdapter, Any]:
         """The training data and the validation adapter (``validation_data``, or a seeded split)."""
@@ -659,6 +723,9 @@ class _EpochLoop:
     progress: FitProgress
     monitor: FitMonitor
     checkpointer: Any = None
+    launch: Any = None  # the engine's Launch: how many workers, barrier or not
+    config: EngineConfig | None = None
+    logs: dict[str, Any] = dataclasses.field(default_factory=dict)  # the last pass's, for on_train_end
 
 
 SparkModel.__doc__ = SparkModel.__doc__.replace("{settings}", arguments_doc())
@@ -802,3 +869,15 @@ def load_spark_model(path: str, custom_objects: dict[str, Any] | None = None, sc
     sm._columns.update(meta.get("columns") or {})
     return sm
 
+
+def load_latest(publish_dir: str, custom_objects: dict[str, Any] | None = None, sc: Any = None) -> SparkModel:
+    """The newest complete model version a ``fit_stream`` published under ``publish_dir``; its
+    ``stream_version`` says which (version, path, batch id, the stream's offsets)."""
+    from .stream import LATEST, latest_version
+
+    latest = latest_version(publish_dir, sc)
+    if latest is None:
+        raise FileNotFoundError(f"{publish_dir} holds no model version yet ({LATEST} is missing)")
+    sm = load_spark_model(latest["path"], custom_objects, sc)
+    sm.stream_version = latest
+    return sm

@@ -85,10 +85,11 @@ class EpochContext:
     # the last epoch a stage that starts at this one may run (allreduce.epochsPerStage): the fit's last,
     # or an earlier one after which a validation job runs
     stage_end: int | None = None
+    label: str | None = None  # what the pass is, when not an epoch of a fit (a stream's micro-batch)
 
     @property
     def description(self) -> str:
-        return f"sparkdl_train fit: epoch {self.epoch + 1}/{self.epochs}"
+        return f"sparkdl_train fit: {self.label or f'epoch {self.epoch + 1}/{self.epochs}'}"
 
 
 class Engine:

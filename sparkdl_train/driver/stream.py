@@ -1,0 +1,398 @@
+"""Continuous training from a Structured Streaming DataFrame: ``SparkModel.fit_stream``.
+
+A streaming DataFrame goes in, a :class:`StreamFit` (the ``StreamingQuery`` and what it trained) comes
+out. The query's sink is ``foreachBatch``: each micro-batch is one training pass of the fit's engine
+(its parameter server, ring or averaging), run by the same code as an epoch of ``fit``. The engine,
+its servers, the shipped model and the executors' prepared steps are set up on the first micro-batch
+that has rows and kept until the query ends, so a micro-batch costs its Spark job, not a fit's start.
+
+Exactly once
+    ``checkpoint_location`` holds Spark's own checkpoint (``<location>/query``: offsets and commits)
+    and the model's (``<location>/model``: weights and optimizer state after each trained
+    micro-batch, with its batch id, written through :class:`~sparkdl_train.driver.checkpoint.Checkpointer`:
+    state file first, then the pointer, renamed into place). Spark marks a micro-batch done only after
+    the sink returns, and the sink returns after the model's commit; a restarted query (same
+    location) restores the model's state and re-runs at most the last micro-batch, with the offsets
+    it had: the sink finds its id already committed and skips it. So no micro-batch is trained twice or
+    skipped, and the model equals an uninterrupted run's (exactly for the deterministic engines,
+    within the usual asynchrony for the others).
+
+    A micro-batch whose training fails (a task, an executor, the server) is retried from the state
+    of the last commit: the engine is closed, the driver's model set back to the committed state (a
+    parameter server's partial updates go with it) and the pass run again, ``stream_retries`` times
+    at most; then the query fails with the error.
+
+Model versions
+    Every ``publish_every`` trained micro-batches the model is saved (:meth:`SparkModel.save` format)
+    to ``<publish_dir>/v000001`` ... through a temporary name renamed into place, then
+    ``<publish_dir>/LATEST`` (a small JSON: version, path, batch id, the stream's offsets for that
+    batch from Spark's offset log) is replaced the same way: :func:`load_latest` never reads a
+    half-written version.
+
+Limits: a classic SparkSession (on Spark Connect, foreachBatch runs in a process of the server's);
+no validation data; a progress bar is not drawn (a log line per micro-batch, and ``StreamFit.batches``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..config import FitConfig
+from ..errors import ConfigError, DataError
+from ..fs import FileSystem, join
+from ..model_io import ensure_optimizer_built, get_state, set_state
+from ..worker.tasks import StepSettings
+from .checkpoint import Checkpointer
+from .connect import is_connect
+from .engines import evaluate_logs
+
+log = logging.getLogger(__name__)
+
+LATEST = "LATEST"
+_KEEP_STATS = 100  # the engine's per-pass stats kept in sm.stats.epochs (a stream has no last epoch)
+
+
+@dataclass
+class BatchRecord:
+    """What happened to one micro-batch."""
+
+    batch_id: int
+    rows: int = 0
+    seconds: float = 0.0
+    logs: dict[str, float] = field(default_factory=dict)
+    # metrics of the model before it trained on the batch (prequential evaluation), when asked for
+    prequential: dict[str, float] | None = None
+    attempts: int = 0
+    skipped: str | None = None  # why it was not trained: "committed" (a replay after a restart), "empty"
+    error: str | None = None  # why its last attempt failed (the query then stopped)
+    version: int | None = None  # the model version published after it
+    executors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """``fit_stream``'s own arguments (the engine's come from the SparkModel)."""
+
+    batch_size: int = 32
+    passes: int = 1  # training passes over each micro-batch
+    publish_every: int | None = None
+    publish_dir: str | None = None
+    prequential: bool = False
+    retries: int = 2
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "passes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"fit_stream: {name} must be a positive integer, got {value!r}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ConfigError(f"fit_stream: stream_retries must be a non-negative integer, got {self.retries!r}")
+        if (self.publish_every is None) != (self.publish_dir is None):
+            raise ConfigError("fit_stream: publish_every and publish_dir go together (how often, and where model versions go)")
+        if self.publish_every is not None and (isinstance(self.publish_every, bool) or not isinstance(self.publish_every, int)
+                                               or self.publish_every < 1):
+            raise ConfigError(f"fit_stream: publish_every must be a positive number of micro-batches, got {self.publish_every!r}")
+
+
+class StreamFit:
+    """A running ``fit_stream``: the ``StreamingQuery`` (``.query``) and the micro-batches it trained.
+
+    ``stop()`` stops the query and releases the engine; ``awaitTermination`` and ``processAllAvailable``
+    are the query's. ``batches`` lists a :class:`BatchRecord` per micro-batch this process saw;
+    ``committed`` is the last trained batch id (``-1``: none), ``version`` the last published version.
+    """
+
+    def __init__(self, trainer: "_Trainer", query: Any):
+        self._trainer = trainer
+        self.query = query
+
+    @property
+    def batches(self) -> list[BatchRecord]:
+        return list(self._trainer.batches)
+
+    @property
+    def committed(self) -> int:
+        return self._trainer.committed
+
+    @property
+    def version(self) -> int | None:
+        return self._trainer.version
+
+    @property
+    def spark_model(self) -> Any:
+        return self._trainer.sm
+
+    def awaitTermination(self, timeout: float | None = None) -> Any:  # noqa: N802 - StreamingQuery's name
+        try:
+            return self.query.awaitTermination(timeout) if timeout is not None else self.query.awaitTermination()
+        finally:
+            if not self.query.isActive:
+                self._trainer.close()
+
+    def processAllAvailable(self) -> None:  # noqa: N802 - StreamingQuery's name
+        self.query.processAllAvailable()
+
+    def exception(self) -> Any:
+        return self.query.exception()
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802 - StreamingQuery's name
+        return self.query.isActive
+
+    def stop(self) -> None:
+        """Stop the query (an in-flight micro-batch is interrupted; its rows are trained again on restart) and
+        release the engine's servers."""
+        try:
+            self.query.stop()
+        finally:
+            self._trainer.close()
+
+    def __enter__(self) -> "StreamFit":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def start(sm: Any, stream_df: Any, settings: StreamSettings, checkpoint_location: str, trigger: dict[str, Any] | None,
+          callbacks: Sequence[Any] | None, query_name: str | None, mlflow: bool) -> StreamFit:
+    """Start the query behind ``SparkModel.fit_stream`` (which documents the arguments)."""
+    if not getattr(stream_df, "isStreaming", False):
+        raise DataError("fit_stream needs a streaming DataFrame (spark.readStream...); for data at rest call fit")
+    session = stream_df.sparkSession
+    if is_connect(session):
+        raise ConfigError("fit_stream needs a classic SparkSession: on Spark Connect, foreachBatch runs in a Python process of "
+                          "the server's, away from this session's model and servers")
+    if not isinstance(checkpoint_location, str) or not checkpoint_location:
+        raise ConfigError(f"fit_stream: checkpoint_location must be a path (Spark's offsets and the model's state go there), "
+                          f"got {checkpoint_location!r}")
+    trainer = _Trainer(sm, settings, checkpoint_location, callbacks, mlflow, session.sparkContext)
+    writer = stream_df.writeStream.foreachBatch(trainer).option("checkpointLocation", join(checkpoint_location, "query"))
+    if query_name:
+        writer = writer.queryName(query_name)
+    if trigger:
+        writer = writer.trigger(**trigger)
+    query = writer.start()
+    trainer.watch(session, query)
+    return StreamFit(trainer, query)
+
+
+class _Trainer:
+    """The query's foreachBatch function: one training pass per micro-batch, committed with its batch id."""
+
+    def __init__(self, sm: Any, settings: StreamSettings, location: str, callbacks: Sequence[Any] | None, mlflow: bool, sc: Any):
+        self.sm = sm
+        self.settings = settings
+        self.location = location
+        self.callbacks = list(callbacks or [])
+        self.mlflow = mlflow
+        self.sc = sc
+        self.batches: list[BatchRecord] = []
+        self.version: int | None = None
+        self._lock = threading.Lock()
+        self._session: Any = None  # the open fit session's context manager
+        self._engine: Any = None
+        self._loop: Any = None
+        self._closed = False
+        self._listener: Any = None
+        self._session_ref: Any = None
+        self.checkpointer = Checkpointer(join(location, "model"), sc=sc)
+        restored = self.checkpointer.restore(sm.model)
+        self.committed = int(restored.info.get("batch_id", -1)) if restored is not None else -1
+        self.trained = restored.epochs_done if restored is not None else 0  # micro-batches trained, all runs together
+        if restored is not None:
+            self.version = restored.info.get("version")
+            log.info("fit_stream: resuming after micro-batch %d (%d trained)", self.committed, self.trained)
+            latest = latest_version(settings.publish_dir, sc) if settings.publish_dir and self.version else None
+            if self.version and (latest is None or latest["version"] < self.version):
+                self._publish(self.version, BatchRecord(self.committed))  # committed, but the driver died before publishing it
+        ensure_optimizer_built(sm.model)
+        self._committed_state = [a.copy() for a in get_state(sm.model)]
+
+    # ---- the query's lifetime
+    def watch(self, session: Any, query: Any) -> None:
+        """Release the engine when the query ends, however it ends (stopped through the query itself, failed)."""
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        trainer, query_id = self, query.id
+
+        class _Ended(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's names
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+                pass
+
+            def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+                if str(event.id) == str(query_id):
+                    trainer.close()
+
+        self._listener, self._session_ref = _Ended(), session
+        session.streams.addListener(self._listener)
+        if not query.isActive:  # ended before the listener was there
+            self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._close_session(None)
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                self._session_ref.streams.removeListener(self._listener)
+            self._listener = None
+
+    def _close_session(self, exc: BaseException | None) -> None:
+        if self._session is None:
+            return
+        cm, self._session, self._engine, self._loop = self._session, None, None, None
+        if exc is None:
+            cm.__exit__(None, None, None)
+        else:
+            with contextlib.suppress(BaseException):  # the caller raises or retries with exc itself
+                cm.__exit__(type(exc), exc, exc.__traceback__)
+
+    # ---- one micro-batch
+    def __call__(self, df: Any, batch_id: int) -> None:
+        with self._lock:
+            if self._closed:
+                raise ConfigError("fit_stream: this stream was stopped")
+            record = BatchRecord(int(batch_id))
+            self.batches.append(record)
+            if batch_id <= self.committed:  # a replay of a micro-batch trained before a restart
+                record.skipped = "committed"
+                log.info("fit_stream: micro-batch %d was trained and committed before: skipped", batch_id)
+                return
+            df = df.persist()
+            try:
+                if df.isEmpty():
+                    record.skipped = "empty"
+                    return
+                self._train(df, record)
+            except BaseException as exc:
+                record.error = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                df.unpersist()
+
+    def _train(self, df: Any, record: BatchRecord) -> None:
+        started = time.perf_counter()
+        for attempt in range(self.settings.retries + 1):
+            record.attempts = attempt + 1
+            try:
+                logs, stats = self._pass(df, record)
+                break
+            except Exception as exc:  # noqa: BLE001 - retried from the committed state, then raised
+                self._close_session(exc)
+                set_state(self.sm.model, self._committed_state)  # a partial pass leaves nothing behind
+                if attempt == self.settings.retries:
+                    log.error("fit_stream: micro-batch %d failed %d times; the query stops: %s", record.batch_id, attempt + 1, exc)
+                    raise
+                log.warning("fit_stream: micro-batch %d failed (%s); training it again from the committed state", record.batch_id, exc)
+        record.logs = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
+        record.rows = stats.samples
+        record.executors = stats.executors
+        self.trained += 1
+        published = self.trained % self.settings.publish_every == 0 if self.settings.publish_every else False
+        version = (self.version or 0) + 1 if published else self.version
+        # the commit: the model's state with the batch id (and the version it is about to publish)
+        self.checkpointer.save(self.sm.model, self.trained, record.logs,
+                               {"batch_id": record.batch_id, "rows": record.rows, "version": version, "stream": True})
+        self.committed = record.batch_id
+        self._committed_state = [a.copy() for a in get_state(self.sm.model)]
+        if published:
+            self._publish(version, record)
+        record.seconds = time.perf_counter() - started
+        stats_list = self.sm.stats.epochs
+        if len(stats_list) > _KEEP_STATS:
+            del stats_list[: len(stats_list) - _KEEP_STATS]
+        log.info("fit_stream: micro-batch %d: %d rows in %.1f s %s", record.batch_id, record.rows, record.seconds,
+                 " ".join(f"{k}={v:.4g}" for k, v in record.logs.items()))
+
+    def _pass(self, df: Any, record: BatchRecord) -> tuple[dict[str, Any], Any]:
+        sm = self.sm
+        if self._session is None:
+            fit_cfg = FitConfig(epochs=1, batch_size=self.settings.batch_size, shuffle=self.settings.shuffle, verbose=0)
+            cm = sm._session(df, fit_cfg, self.callbacks, None, None, self.mlflow)
+            self._engine, self._loop = cm.__enter__()
+            self._session = cm
+        else:
+            loop = self._loop
+            adapter = sm._adapter(df, labelled=True, what="data", config=loop.config)[0]
+            loop.train = adapter.with_partitions(loop.launch.workers, shuffle=loop.launch.barrier)
+        loop = self._loop
+        if self.settings.prequential:
+            s = loop.settings
+            eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy, labels=s.labels,
+                                         group=s.group)
+            record.prequential = evaluate_logs(sm.model, loop.train, loop.refs, eval_settings,
+                                               f"sparkdl_train fit_stream: micro-batch {record.batch_id} scored before training")
+        logs: dict[str, Any] = {}
+        for p in range(self.settings.passes):
+            # the pass's seed is the batch id's: a micro-batch trained again after a restart shuffles the same way
+            epoch = record.batch_id * self.settings.passes + p
+            logs, stopped = sm._one_epoch(self._engine, loop, epoch, label=f"micro-batch {record.batch_id}")
+            if stopped:
+                break
+        loop.logs = logs
+        return logs, sm.stats.epochs[-1]
+
+    def _publish(self, version: int, record: BatchRecord) -> None:
+        fs = FileSystem(self.sc)
+        where = self.settings.publish_dir
+        name = f"v{version:06d}"
+        tmp = join(where, f".{name}.tmp")
+        if fs.exists(tmp):
+            fs.delete(tmp)
+        self.sm.save(tmp)
+        final = join(where, name)
+        if fs.exists(final):  # written before a restart that then trained its micro-batch again
+            fs.delete(final)
+        fs.rename(tmp, final)
+        latest = {"version": version, "path": fs.qualified(final), "batch_id": record.batch_id, "trained": self.trained,
+                  "offsets": _offsets(fs, self.location, record.batch_id), "published_at": time.time()}
+        fs.write_bytes(join(where, LATEST + ".tmp"), json.dumps(latest, indent=1).encode())
+        if fs.exists(join(where, LATEST)):
+            fs.delete(join(where, LATEST))
+        fs.rename(join(where, LATEST + ".tmp"), join(where, LATEST))
+        self.version = version
+        record.version = version
+        log.info("fit_stream: model version %d (after micro-batch %d) at %s", version, record.batch_id, latest["path"])
+
+
+def _offsets(fs: FileSystem, location: str, batch_id: int) -> list[Any] | None:
+    """The stream's end offsets for ``batch_id``, from Spark's offset log (``<query checkpoint>/offsets/<id>``:
+    a version line, the batch's metadata, then a line per source)."""
+    path = join(join(join(location, "query"), "offsets"), str(batch_id))
+    try:
+        lines = fs.read_bytes(path).decode().splitlines()
+    except (FileNotFoundError, OSError):
+        return None
+    out: list[Any] = []
+    for line in lines[2:]:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            out.append(line)
+    return out
+
+
+def latest_version(publish_dir: str, sc: Any = None) -> dict[str, Any] | None:
+    """``<publish_dir>/LATEST``: the newest complete model version (``None`` before the first)."""
+    fs = FileSystem(sc)
+    for name in (LATEST, LATEST + ".tmp"):  # .tmp: a crash between the delete and the rename
+        p = join(publish_dir, name)
+        if fs.exists(p):
+            return json.loads(fs.read_bytes(p))
+    return None
