@@ -148,6 +148,20 @@ class FileSystem:
         if not fs.rename(s, d):
             raise OSError(f"cannot rename {self.qualified(src)} to {self.qualified(dst)}")
 
+    def replace_bytes(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` so that a reader finds the old or the new whole file, never a part: written
+        to ``path.tmp``, then renamed over ``path`` (:meth:`read_replaced` reads it back)."""
+        self.write_bytes(path + ".tmp", data)
+        self.rename(path + ".tmp", path)
+
+    def read_replaced(self, path: str) -> bytes | None:
+        """What :meth:`replace_bytes` last wrote to ``path`` (``path.tmp`` after a crash between the rename's delete
+        and its move); ``None`` when neither exists."""
+        for p in (path, path + ".tmp"):
+            if self.exists(p):
+                return self.read_bytes(p)
+        return None
+
     def delete(self, path: str) -> None:
         if self.sc is None:
             import shutil

@@ -60,17 +60,17 @@ class Checkpointer:
         self.history: list[dict[str, float]] = []
 
     def _read_pointer(self) -> dict[str, Any] | None:
-        for name in (POINTER, POINTER + ".tmp"):  # .tmp: a crash between delete and rename
-            p = join(self.path, name)
-            if self.fs.exists(p):
-                try:
-                    meta = json.loads(self.fs.read_bytes(p))
-                except ValueError as exc:
-                    raise ConfigError(f"{self.fs.qualified(p)} is not a valid checkpoint pointer: {exc}") from None
-                if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-                    raise ConfigError(f"{self.fs.qualified(p)} is not a sparkdl_train checkpoint (format {meta.get('format')!r})")
-                return meta
-        return None
+        p = join(self.path, POINTER)
+        raw = self.fs.read_replaced(p)
+        if raw is None:
+            return None
+        try:
+            meta = json.loads(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{self.fs.qualified(p)} is not a valid checkpoint pointer: {exc}") from None
+        if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+            raise ConfigError(f"{self.fs.qualified(p)} is not a sparkdl_train checkpoint (format {meta.get('format')!r})")
+        return meta
 
     def epochs_done(self) -> int | None:
         """Completed epochs of the latest checkpoint under ``path``; ``None`` when it holds none."""
@@ -122,9 +122,7 @@ class Checkpointer:
             "history": self.history,
             **(info or {}),
         }
-        tmp = join(self.path, POINTER + ".tmp")
-        self.fs.write_bytes(tmp, json.dumps(pointer, indent=1, default=str).encode())
-        self.fs.rename(tmp, join(self.path, POINTER))
+        self.fs.replace_bytes(join(self.path, POINTER), json.dumps(pointer, indent=1, default=str).encode())
         old = epochs_done - self.keep
         if old >= 0 and self.fs.exists(join(self.path, state_file(old))):
             self.fs.delete(join(self.path, state_file(old)))

@@ -421,9 +421,6 @@ class SparkModel:
         """Train one pass over ``loop.train`` as epoch ``epoch`` (its seed, its stats); returns its logs and
         whether it was stopped midway. ``label`` names the pass in job descriptions and the progress bar."""
         model, fit_cfg, cb, progress = self._model, loop.fit_cfg, loop.callbacks, loop.progress
-        s = loop.settings
-        eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy, labels=s.labels,
-                                     group=s.group)
         cb.on_epoch_begin(epoch)
         progress.epoch_begin(epoch)
         validated = loop.val is not None and fit_cfg.validates_after(epoch)
@@ -450,7 +447,7 @@ class SparkModel:
         if validated:
             with ph("validation"):
                 val_logs = evaluate_logs(
-                    model, loop.val, loop.refs, eval_settings, f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
+                    model, loop.val, loop.refs, loop.settings.for_evaluation(), f"sparkdl_train fit: validation {epoch + 1}/{fit_cfg.epochs}"
                 )
             logs.update({f"val_{k}": v for k, v in val_logs.items()})
         stats.phases = ph.seconds

@@ -47,7 +47,6 @@ from ..config import FitConfig
 from ..errors import ConfigError, DataError
 from ..fs import FileSystem, join
 from ..model_io import ensure_optimizer_built, get_state, set_state
-from ..worker.tasks import StepSettings
 from .checkpoint import Checkpointer
 from .connect import is_connect
 from .engines import evaluate_logs
@@ -333,10 +332,7 @@ class _Trainer:
             loop.train = adapter.with_partitions(loop.launch.workers, shuffle=loop.launch.barrier)
         loop = self._loop
         if self.settings.prequential:
-            s = loop.settings
-            eval_settings = StepSettings(batch_size=s.batch_size, threads=s.threads, nan_policy=s.nan_policy, labels=s.labels,
-                                         group=s.group)
-            record.prequential = evaluate_logs(sm.model, loop.train, loop.refs, eval_settings,
+            record.prequential = evaluate_logs(sm.model, loop.train, loop.refs, loop.settings.for_evaluation(),
                                                f"sparkdl_train fit_stream: micro-batch {record.batch_id} scored before training")
         logs: dict[str, Any] = {}
         for p in range(self.settings.passes):
@@ -362,10 +358,7 @@ class _Trainer:
         fs.rename(tmp, final)
         latest = {"version": version, "path": fs.qualified(final), "batch_id": record.batch_id, "trained": self.trained,
                   "offsets": _offsets(fs, self.location, record.batch_id), "published_at": time.time()}
-        fs.write_bytes(join(where, LATEST + ".tmp"), json.dumps(latest, indent=1).encode())
-        if fs.exists(join(where, LATEST)):
-            fs.delete(join(where, LATEST))
-        fs.rename(join(where, LATEST + ".tmp"), join(where, LATEST))
+        fs.replace_bytes(join(where, LATEST), json.dumps(latest, indent=1).encode())
         self.version = version
         record.version = version
         log.info("fit_stream: model version %d (after micro-batch %d) at %s", version, record.batch_id, latest["path"])
@@ -390,9 +383,5 @@ def _offsets(fs: FileSystem, location: str, batch_id: int) -> list[Any] | None:
 
 def latest_version(publish_dir: str, sc: Any = None) -> dict[str, Any] | None:
     """``<publish_dir>/LATEST``: the newest complete model version (``None`` before the first)."""
-    fs = FileSystem(sc)
-    for name in (LATEST, LATEST + ".tmp"):  # .tmp: a crash between the delete and the rename
-        p = join(publish_dir, name)
-        if fs.exists(p):
-            return json.loads(fs.read_bytes(p))
-    return None
+    raw = FileSystem(sc).read_replaced(join(publish_dir, LATEST))
+    return None if raw is None else json.loads(raw)

@@ -76,6 +76,11 @@ class StepSettings:
     # the Keras backend of the driver's model, which the worker must run (sparkdl_train.backend)
     keras_backend: str = field(default_factory=lambda: _backend.keras_backend())
 
+    def for_evaluation(self) -> "StepSettings":
+        """The settings an evaluation pass over the same data runs with: no shuffling, the plain test step."""
+        return StepSettings(batch_size=self.batch_size, threads=self.threads, nan_policy=self.nan_policy, labels=self.labels,
+                            group=self.group)
+
 
 def peak_rss_mb() -> float:
     """This process's peak resident set size so far, in MiB."""
