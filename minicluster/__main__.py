@@ -12,7 +12,8 @@ import os
 import shlex
 import sys
 
-from .hadoop import ROOT, MiniHadoop, MissingTool, artifacts
+from .hadoop import ROOT, MiniHadoop, artifacts
+from .maven import MissingTool
 
 
 def _dir() -> str:

@@ -16,7 +16,6 @@ stopped by its process group.
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -25,13 +24,11 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from .maven import JAVA_HINT, MissingTool, cached, copy_dependencies, tool
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # small, short-lived JVMs: C1 only, the serial collector
-
-
-class MissingTool(RuntimeError):
-    """Java, javac or Maven is missing (the message says which and how to get it)."""
 
 
 def spark_home() -> str:
@@ -48,55 +45,24 @@ def hadoop_version() -> str:
     return os.path.basename(found[0])[len("hadoop-client-api-"):-len(".jar")]
 
 
-def _tool(name: str, hint: str) -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and name in ("java", "javac") and os.access(os.path.join(java_home, "bin", name), os.X_OK):
-        return os.path.join(java_home, "bin", name)
-    path = shutil.which(name)
-    if not path:
-        raise MissingTool(f"{name} not found: {hint}")
-    return path
-
-
-def artifacts(cache: str | None = None) -> tuple[str, str]:
+def artifacts() -> tuple[str, str]:
     """``(jars folder, classes folder)`` of the mini cluster: fetched with Maven and compiled with javac on
     first use, then taken from the cache (keyed by the Hadoop version, pom.xml and MiniHadoop.java)."""
     version = hadoop_version()
-    digest = hashlib.sha256()
-    for name in ("pom.xml", "MiniHadoop.java", "log4j.properties"):
-        with open(os.path.join(HERE, name), "rb") as f:
-            digest.update(f.read())
-    cache = cache or os.environ.get("SDT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sparkdl_train")
-    where = os.path.join(cache, f"minicluster-hadoop-{version}-{digest.hexdigest()[:12]}")
-    jars, classes = os.path.join(where, "jars"), os.path.join(where, "classes")
-    if os.path.exists(os.path.join(where, "done")):
-        return jars, classes
-    java_hint = "the YARN mini cluster needs a JDK 17+ (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless) or JAVA_HOME"
-    _tool("java", java_hint)
-    javac = _tool("javac", java_hint)
-    mvn = _tool("mvn", "the YARN mini cluster's jars come from Maven Central on first use: install Maven "
-                       "(Debian/Ubuntu: apt-get install maven)")
-    tmp = where + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(os.path.join(tmp, "classes"))
-    proc = subprocess.run([mvn, "-q", "-B", "-f", os.path.join(HERE, "pom.xml"), f"-Dhadoop.version={version}",
-                           "dependency:copy-dependencies", f"-DoutputDirectory={os.path.join(tmp, 'jars')}"],
-                          capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"Maven could not fetch hadoop-client-minicluster {version}:\n{(proc.stdout + proc.stderr)[-4000:]}")
-    proc = subprocess.run([javac, "-nowarn", "-d", os.path.join(tmp, "classes"), "-cp", os.path.join(tmp, "jars", "*"),
-                           os.path.join(HERE, "MiniHadoop.java")], capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"javac failed on minicluster/MiniHadoop.java:\n{proc.stdout}{proc.stderr}")
-    shutil.copy(os.path.join(HERE, "log4j.properties"), os.path.join(tmp, "classes"))
-    with open(os.path.join(tmp, "done"), "w") as f:
-        f.write(version + "\n")
-    shutil.rmtree(where, ignore_errors=True)
-    os.rename(tmp, where)
-    for old in glob.glob(os.path.join(cache, "minicluster-hadoop-*")):  # builds of other sources or versions, a day old
-        if old != where and not old.endswith(".tmp") and time.time() - os.path.getmtime(old) > 86400:
-            shutil.rmtree(old, ignore_errors=True)
-    return jars, classes
+
+    def build(tmp: str) -> None:
+        tool("java", JAVA_HINT)
+        javac = tool("javac", JAVA_HINT)
+        copy_dependencies("pom.xml", os.path.join(tmp, "jars"), f"hadoop-client-minicluster {version}", **{"hadoop.version": version})
+        os.makedirs(os.path.join(tmp, "classes"))
+        proc = subprocess.run([javac, "-nowarn", "-d", os.path.join(tmp, "classes"), "-cp", os.path.join(tmp, "jars", "*"),
+                               os.path.join(HERE, "MiniHadoop.java")], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"javac failed on minicluster/MiniHadoop.java:\n{proc.stdout}{proc.stderr}")
+        shutil.copy(os.path.join(HERE, "log4j.properties"), os.path.join(tmp, "classes"))
+
+    where = cached("minicluster-hadoop", version, ["pom.xml", "MiniHadoop.java", "log4j.properties"], build)
+    return os.path.join(where, "jars"), os.path.join(where, "classes")
 
 
 def processes_under(dirs: list[str]) -> list[int]:
@@ -164,7 +130,7 @@ class MiniHadoop:
         for name in ("conf", "control"):
             shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
         os.makedirs(self.root, exist_ok=True)
-        args = [_tool("java", "install a JDK 17+"), "-Xmx1536m", *JVM_OPTIONS.split(),
+        args = [tool("java", JAVA_HINT), "-Xmx1536m", *JVM_OPTIONS.split(),
                 f"-Dtest.build.data={os.path.join(self.root, 'yarn')}", f"-Djava.io.tmpdir={os.path.join(self.root, 'tmp')}",
                 "-cp", f"{classes}:{os.path.join(jars, '*')}", "MiniHadoop", "--dir", self.root,
                 "--nodemanagers", str(self.nodemanagers), "--nm-memory-mb", str(self.nm_memory_mb),
@@ -267,7 +233,7 @@ class MiniHadoop:
         """A Hadoop client command (``hdfs dfs``, ``yarn application``) from pyspark's Hadoop client jars."""
         cp = f"{self.hadoop_conf_dir}:{os.path.join(spark_home(), 'jars', '*')}"
         env = {**node_env(self.root), "HADOOP_CONF_DIR": self.hadoop_conf_dir}
-        return subprocess.run([_tool("java", "install a JDK 17+"), *JVM_OPTIONS.split(), "-cp", cp, main, *args],
+        return subprocess.run([tool("java", JAVA_HINT), *JVM_OPTIONS.split(), "-cp", cp, main, *args],
                               capture_output=True, text=True, timeout=timeout, env=env)
 
     def hdfs(self, *args: str, check: bool = True, timeout: float = 300.0) -> str:

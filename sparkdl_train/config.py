@@ -319,6 +319,18 @@ class CoreConfig(_Group):
         "standalone and local-cluster schedule a first stage on whatever executor registered first. Past it the fit "
         "trains on what is there, with a warning naming the shortfall (allreduce fails without enough slots). "
         "sparkdl_train.driver.registration.", argument=False)
+    jax_compilation_cache: str = setting(
+        "jax.compilationCache", "auto", Text(),
+        "Keras on JAX: the folder of XLA's persistent compilation cache on the driver and the executors, so that a new "
+        "process (a fresh Python worker, the next application) loads the steps an earlier one compiled for the same "
+        "model and shapes instead of compiling them again: 'auto' (a folder of this user's in each host's temporary "
+        "directory, shared by its executors and applications), 'off', or a path (best one every executor sees). A "
+        "folder owned by another user or writable by others is not used (its entries are code the process runs). "
+        "docs/performance.md.", argument=False)
+    jax_compilation_cache_bytes: int = setting(
+        "jax.compilationCacheBytes", 1 << 30, Int(min=0),
+        "Size of the JAX compilation cache's folder past which its least recently used entries are removed "
+        "(JAX's jax_compilation_cache_max_size; 0: no limit).", argument=False)
     prepare_workers: bool = setting(
         "worker.prepare", True, Bool(),
         "Rebuild the model and trace its step on the executors' Python workers while the driver still prepares a "

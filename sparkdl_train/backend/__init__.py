@@ -74,6 +74,9 @@ class Capabilities:
     """Ranks can run as one multi-process XLA program (``allreduce.collectives='xla'``)."""
     buckets_refused: str = ""
     """Why ``gradient_buckets`` is False, for the error a fit raises before any job."""
+    compilation_cache: bool = False
+    """Compiled steps persist across processes in a folder (``jax.compilationCache``; the backend module's
+    ``configure_cache`` and its ``CACHE_SETTING_ENV``/``CACHE_BYTES_ENV`` for the executors)."""
 
 
 CAPABILITIES = {
@@ -81,6 +84,7 @@ CAPABILITIES = {
                                gradient_buckets=True, xla_collectives=False),
     "jax": Capabilities(
         framework="jax", compiles_per_shape=True, preload_before_fork=False, gradient_buckets=False, xla_collectives=True,
+        compilation_cache=True,
         buckets_refused=("allreduce.bucketBytes (gradient buckets reduced while the backward pass runs) needs a backend "
                          "whose step hands gradients over during the backward pass (TensorFlow): on JAX the jitted step is one "
                          "XLA program that hands nothing back before it ends. Leave bucketBytes at 0 on JAX (XLA's own "

@@ -41,7 +41,89 @@ CAPABILITIES = capabilities(NAME)
 _ATTRIBUTE = "_sparkdl_train_jax_steps"
 
 
+# XLA's persistent compilation cache (spark.sparkdl_train.jax.compilationCache): the driver gives a fit's stages
+# the setting in these variables; a worker resolves them into JAX's own before it imports JAX
+CACHE_SETTING_ENV = "SPARKDL_TRAIN_JAX_CACHE"
+CACHE_BYTES_ENV = "SPARKDL_TRAIN_JAX_CACHE_BYTES"
+_cache_configured: str | None = None
+
+
+def default_cache_dir() -> str:
+    """'auto': a folder of this user's in this host's temporary directory."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"sparkdl_train-jax-cache-{os.getuid()}")
+
+
+def _private_folder(path: str) -> str | None:
+    """Why ``path`` cannot hold this process's compiled code (None: it can). Created (mode 0700) if absent;
+    refused when another user owns it or others may write to it: JAX runs what it loads from there."""
+    import stat
+
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError as exc:
+        return f"cannot create it ({exc})"
+    if st.st_uid != os.getuid():
+        return f"it belongs to uid {st.st_uid}, not this process's {os.getuid()}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"others may write to it (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def configure_cache(setting: str | None = None, max_bytes: int | None = None) -> str | None:
+    """Point this process's JAX at its persistent compilation cache: ``setting`` ('auto', 'off' or a folder;
+    default: what the driver gave this worker in SPARKDL_TRAIN_JAX_CACHE), ``max_bytes`` its size (0: no
+    limit). Before JAX is imported through JAX's environment variables, after it through its config. An
+    application's own JAX_COMPILATION_CACHE_DIR wins. Returns the folder in use (None: none)."""
+    global _cache_configured
+    import logging
+
+    setting = setting if setting is not None else os.environ.get(CACHE_SETTING_ENV)
+    if _cache_configured is None and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.environ["JAX_COMPILATION_CACHE_DIR"]  # the application's own (spark.executorEnv, the shell)
+    if not setting or setting == "off":
+        return None
+    folder = default_cache_dir() if setting == "auto" else setting
+    if _cache_configured == folder:
+        return folder
+    why = _private_folder(folder)
+    if why is not None:
+        logging.getLogger(__name__).warning("JAX's compilation cache is off in this process: %s cannot hold it (%s); "
+                                            "spark.sparkdl_train.jax.compilationCache names another folder", folder, why)
+        return None
+    if max_bytes is None:
+        max_bytes = int(os.environ.get(CACHE_BYTES_ENV) or 1 << 30)
+    if max_bytes:
+        try:
+            import filelock  # noqa: F401 - JAX evicts under its lock
+        except ImportError:
+            logging.getLogger(__name__).warning("JAX's compilation cache grows without limit in this process: evicting "
+                                                "needs the filelock package (pip install filelock)")
+            max_bytes = 0
+    values = {"jax_compilation_cache_dir": folder, "jax_persistent_cache_min_compile_time_secs": 0.0,
+              "jax_persistent_cache_min_entry_size_bytes": 0, "jax_compilation_cache_max_size": max_bytes or -1}
+    if "jax" in sys.modules:
+        import jax
+
+        fresh = not jax.config.jax_compilation_cache_dir
+        for key, value in values.items():
+            jax.config.update(key, value)
+        if fresh:  # a compile before this may have found no cache and remembered it
+            with contextlib.suppress(Exception):
+                from jax.experimental.compilation_cache import compilation_cache
+
+                compilation_cache.reset_cache()
+    else:
+        for key, value in values.items():
+            os.environ[key.upper()] = str(value)
+    _cache_configured = folder
+    return folder
+
+
 def import_framework() -> float:
+    configure_cache()
     if "jax" in sys.modules:
         return 0.0
     start = time.perf_counter()

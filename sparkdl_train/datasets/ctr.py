@@ -144,6 +144,26 @@ def generate_block(planted: PlantedModel, block: int) -> dict[str, np.ndarray]:
     return cols
 
 
+def event_block(planted: PlantedModel, block: int, drifted: PlantedModel | None = None, drift_at: int | None = None) -> dict[str, np.ndarray]:
+    """:func:`generate_block`'s rows as a stream's events: those with ``id >= drift_at`` clicked (``label``,
+    ``p_true``) as ``drifted``, the planted model after a drift (the same features: today's users and ads, a
+    changed taste), and ``regime`` 0 before the drift, 1 after."""
+    cols = generate_block(planted, block)
+    cols["regime"] = np.zeros(len(cols["id"]), np.int32)
+    if drifted is None or drift_at is None:
+        return cols
+    after = cols["id"] >= drift_at
+    if after.any():
+        dense = np.stack([cols[c] for c in DENSE_COLS], axis=1).astype(np.float64)
+        cats = np.stack([cols[c] for c in CAT_COLS], axis=1)
+        p = drifted.probability(dense[after], cats[after])
+        rng = np.random.default_rng([drifted.spec.seed, 2, block])
+        cols["p_true"][after] = p
+        cols["label"][after] = (rng.random(len(p)) < p).astype(np.int32)
+        cols["regime"][after] = 1
+    return cols
+
+
 def spark_schema() -> str:
     return ", ".join(["id bigint", *[f"{c} float" for c in DENSE_COLS], *[f"{c} bigint" for c in CAT_COLS], "label int", "p_true double"])
 

@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 def executor_backend(sc: Any) -> str:
     """The driver's Keras backend (a ConfigError if sparkdl_train cannot train on it), given to
-    ``sc``'s later stages as ``KERAS_BACKEND`` unless the application set that itself."""
+    ``sc``'s later stages as ``KERAS_BACKEND`` unless the application set that itself; on JAX, with the
+    persistent compilation cache (spark.sparkdl_train.jax.compilationCache) for the stages and this driver."""
     name = backend.check_supported(backend.keras_backend())
     env = getattr(sc, "environment", None)
     if env is None:
@@ -30,4 +31,18 @@ def executor_backend(sc: Any) -> str:
     if current is None and name != backend.DEFAULT:
         env["KERAS_BACKEND"] = name
         log.info("executors' Python workers for sparkdl_train's stages get KERAS_BACKEND=%s (the model's backend)", name)
+    if backend.capabilities(name).compilation_cache:
+        _compilation_cache(sc, env, backend.current())
     return name
+
+
+def _compilation_cache(sc: Any, env: dict[str, str], jax_backend: Any) -> None:
+    from ..config import EngineConfig
+    from .spark_conf import settings_conf
+
+    core = EngineConfig.resolve(settings_conf(sc)).core
+    env.setdefault(jax_backend.CACHE_SETTING_ENV, core.jax_compilation_cache)
+    env.setdefault(jax_backend.CACHE_BYTES_ENV, str(core.jax_compilation_cache_bytes))
+    folder = jax_backend.configure_cache(core.jax_compilation_cache, core.jax_compilation_cache_bytes)
+    if folder:
+        log.debug("JAX compilation cache of the driver: %s", folder)

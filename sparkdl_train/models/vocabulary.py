@@ -130,13 +130,30 @@ def build_vocabulary(df: Any, cat_cols: Sequence[str], min_count: int = 5, max_s
     return Vocabulary(tuple(cols), tuple(kept), min_count, max_size)
 
 
-def ctr_features(df: Any, dense_cols: Sequence[str], cat_cols: Sequence[str], vocab: Vocabulary, keep: Sequence[str] = ()) -> Any:
+def hashed_ids(raw: np.ndarray, buckets: int) -> np.ndarray:
+    """Raw categorical values ``(rows, fields)`` as ids of one table of ``fields * buckets`` rows: field ``f``'s
+    value ``v`` goes to ``f * buckets + hash(f, v) % buckets``. For a stream, where no vocabulary can be built
+    ahead: every id, seen before or not, has a row (at the cost of collisions; see above)."""
+    if buckets < 1:
+        raise ValueError(f"buckets must be positive, got {buckets}")
+    raw = np.ascontiguousarray(raw, np.int64)
+    fields = np.arange(raw.shape[1], dtype=np.uint64)
+    with np.errstate(over="ignore"):  # 64-bit multiplicative hashing wraps by design
+        h = raw.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + (fields + np.uint64(1)) * np.uint64(0xC2B2AE3D27D4EB4F)
+        h ^= h >> np.uint64(31)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(29)
+    return (fields.astype(np.int64) * buckets + (h % np.uint64(buckets)).astype(np.int64)).astype(np.int32)
+
+
+def ctr_features(df: Any, dense_cols: Sequence[str], cat_cols: Sequence[str], vocab: Vocabulary | int, keep: Sequence[str] = ()) -> Any:
     """``keep`` columns plus ``numeric`` (array<float>: ``log1p`` of the dense counts, negatives as 0)
-    and ``categorical`` (array<int>: vocabulary ids), computed with numpy on Arrow batches."""
+    and ``categorical`` (array<int>: vocabulary ids, or with ``vocab`` a number of buckets per field the
+    :func:`hashed_ids`), computed with numpy on Arrow batches (a streaming DataFrame's too)."""
     from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField, StructType
 
     dense_cols, cat_cols, keep = list(dense_cols), list(cat_cols), list(keep)
-    if tuple(cat_cols) != vocab.columns:
+    if isinstance(vocab, Vocabulary) and tuple(cat_cols) != vocab.columns:
         raise ValueError(f"the vocabulary was built for columns {list(vocab.columns)}, not {cat_cols}")
     missing = [c for c in dense_cols + cat_cols + keep if c not in df.columns]
     if missing:
@@ -154,7 +171,7 @@ def ctr_features(df: Any, dense_cols: Sequence[str], cat_cols: Sequence[str], vo
             dense = np.stack([rb.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in dense_cols], axis=1)
             numeric = np.log1p(np.maximum(np.nan_to_num(dense, nan=0.0), 0.0)).astype(np.float32)
             raw = np.stack([_int_values(rb.column(c)) for c in cat_cols], axis=1)
-            ids = vocab.encode(raw)
+            ids = vocab.encode(raw) if isinstance(vocab, Vocabulary) else hashed_ids(raw, vocab)
             cols = {c: rb.column(c) for c in keep}
             cols["numeric"] = pa.FixedSizeListArray.from_arrays(pa.array(numeric.reshape(-1)), n_dense).cast(pa.list_(pa.float32()))
             cols["categorical"] = pa.FixedSizeListArray.from_arrays(pa.array(ids.reshape(-1)), n_cat).cast(pa.list_(pa.int32()))

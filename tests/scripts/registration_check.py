@@ -113,4 +113,4 @@ def main(master: str, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "local-cluster[2,1,1024]", int(sys.argv[2]) if len(sys.argv) > 2 else 6)
+    main(sys.argv[1] if len(sys.argv) > 1 else "local-cluster[2,1,1024]", int(sys.argv[2]) if len(sys.argv) > 2 else len(ENGINES))
