@@ -9,8 +9,9 @@ Categorical ids are hashed into ``--buckets`` rows per field (a stream has no da
 from: every id, new or not, has a row). A micro-batch takes at most ``--max-offsets`` events
 (``maxOffsetsPerTrigger``: a stream faster than training waits in Kafka, nothing lost) and the job prints each one's
 rows, prequential AUC, seconds, the offsets still behind the topic's end (lag) and the version published after it.
-It stops after ``--rows`` trained events or ``--timeout`` seconds and writes ``<output>/summary.json``; run again
-with the same ``--output`` it goes on where it stopped (``<output>/checkpoint``), training no event twice.
+It stops after ``--rows`` trained events, ``--timeout`` seconds, or with ``--trigger available-now`` once it trained
+what the topic held, and writes ``<output>/summary.json``; run again with the same ``--output`` (after a stop, a
+crash or a killed driver) it goes on where it stopped (``<output>/checkpoint``), training no event twice.
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--embed-dim", type=int, default=8, dest="embed_dim")
     p.add_argument("--learning-rate", type=float, default=0.002, dest="learning_rate")
     p.add_argument("--max-offsets", type=int, default=20_000, dest="max_offsets", help="events per micro-batch at most")
-    p.add_argument("--trigger", default="2 seconds", help="processing-time trigger")
+    p.add_argument("--trigger", default="2 seconds",
+                   help="processing-time trigger, or 'available-now': train on what the topic holds, then stop")
     p.add_argument("--publish-every", type=int, default=5, dest="publish_every", help="a model version every N micro-batches")
     p.add_argument("--rows", type=int, help="stop after training this many events (default: run until --timeout)")
     p.add_argument("--timeout", type=float, default=3600.0, help="stop after this many seconds")
     p.add_argument("--starting-offsets", default="earliest", dest="starting_offsets", help="earliest | latest (a new query)")
-    p.add_argument("--master", help="when run with python rather than spark-submit (default local[2])")
     return p.parse_args(argv)
 
 
@@ -85,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from sparkdl_train.datasets import ctr
     from sparkdl_train.models.ctr import MODELS
 
-    builder = SparkSession.builder.appName("sparkdl_train stream_ctr")
-    if args.master:
-        builder = builder.master(args.master)
-    spark = builder.getOrCreate()
+    spark = SparkSession.builder.appName("sparkdl_train stream_ctr").getOrCreate()
     output = os.path.abspath(args.output) if "://" not in args.output else args.output
     model = MODELS["deepfm"](vocab_size=len(ctr.CAT_COLS) * args.buckets, embed_dim=args.embed_dim, hidden=(64, 32),
                              learning_rate=args.learning_rate)
@@ -96,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     sm = SparkModel(model, mode=args.mode, frequency=frequency, num_workers=args.workers)
     fit = sm.fit_stream(events(spark, args), f"{output}/checkpoint", batch_size=args.batch_size,
                         feature_cols={"numeric": "numeric", "categorical": "categorical"}, label_col="label",
-                        trigger=args.trigger, prequential=True, publish_every=args.publish_every,
+                        trigger={"availableNow": True} if args.trigger == "available-now" else args.trigger, prequential=True, publish_every=args.publish_every,
                         publish_dir=f"{output}/versions", query_name=f"stream_ctr:{args.topic}")
     started, shown, lags, trained = time.monotonic(), 0, {}, 0
     try:

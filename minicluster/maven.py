@@ -51,7 +51,11 @@ def cached(kind: str, version: str, sources: list[str], build: Callable[[str], N
     tmp = where + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    build(tmp)
+    try:
+        build(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     with open(os.path.join(tmp, "done"), "w") as f:
         f.write(version + "\n")
     shutil.rmtree(where, ignore_errors=True)

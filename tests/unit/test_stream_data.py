@@ -1,0 +1,40 @@
+"""The stream job's data without Spark: hashed categorical ids (a table no vocabulary sizes) and the event
+generator's drift (jobs/ctr_events.py, jobs/stream_ctr.py)."""
+
+import numpy as np
+import pytest
+
+from sparkdl_train.datasets import ctr
+from sparkdl_train.models.vocabulary import hashed_ids
+
+
+def test_hashed_ids_give_each_field_its_own_rows_and_spread_values():
+    rng = np.random.default_rng(0)
+    raw = rng.integers(-(1 << 40), 1 << 40, size=(20_000, 3))
+    ids = hashed_ids(raw, 64)
+    assert ids.dtype == np.int32 and ids.shape == raw.shape
+    for f in range(3):
+        assert ids[:, f].min() >= f * 64 and ids[:, f].max() < (f + 1) * 64
+        counts = np.bincount(ids[:, f] - f * 64, minlength=64)
+        assert counts.min() > 0.7 * counts.mean() and counts.max() < 1.3 * counts.mean()  # about uniform
+    np.testing.assert_array_equal(ids, hashed_ids(raw, 64))  # the same value, the same row, in every process
+    same = np.array([[7, 7, 7]])
+    assert len(set(hashed_ids(same, 1 << 20)[0] % (1 << 20))) == 3  # one value, a different row per field
+    with pytest.raises(ValueError, match="buckets"):
+        hashed_ids(raw, 0)
+
+
+def test_events_after_the_drift_are_clicked_by_the_other_planted_model():
+    spec = ctr.CTRSpec(rows=2 * ctr.BLOCK_ROWS, seed=42)
+    planted, drifted = ctr.PlantedModel.make(spec), ctr.PlantedModel.make(ctr.CTRSpec(rows=spec.rows, seed=1042))
+    plain = ctr.event_block(planted, 1)
+    cols = ctr.event_block(planted, 1, drifted, drift_at=ctr.BLOCK_ROWS + 1000)
+    after = cols["id"] >= ctr.BLOCK_ROWS + 1000
+    assert after.sum() == ctr.BLOCK_ROWS - 1000 and set(cols["regime"][after]) == {1} and set(cols["regime"][~after]) == {0}
+    np.testing.assert_array_equal(cols["label"][~after], plain["label"][~after])  # before the drift: unchanged
+    np.testing.assert_array_equal(cols["C1"], plain["C1"])  # the same users and ads
+    dense = np.stack([cols[c] for c in ctr.DENSE_COLS], axis=1).astype(np.float64)
+    cats = np.stack([cols[c] for c in ctr.CAT_COLS], axis=1)
+    np.testing.assert_allclose(cols["p_true"][after], drifted.probability(dense[after], cats[after]))
+    # a different taste: the two models disagree on the same rows
+    assert np.corrcoef(cols["p_true"][after], plain["p_true"][after])[0, 1] < 0.5
