@@ -131,6 +131,33 @@ class FitRun:
         if self._own_run:
             self._mlflow.end_run(status="FAILED")
 
+    def log_version(self, model: Any, version: int, info: dict[str, Any], registered_model: str | None) -> None:
+        """A stream's published model version (``fit_stream``): the model saved into this run's artifacts as
+        ``v<version>`` and, when ``registered_model`` is named, registered as a version of it with ``info``
+        (micro-batch, offsets, path) as its tags."""
+        import tempfile
+
+        import mlflow.keras
+
+        mlflow, name = self._mlflow, f"v{version:06d}"
+        tags = {"sparkdl_train.stream_version": str(version), "sparkdl_train.batch_id": str(info.get("batch_id")),
+                "sparkdl_train.offsets": json.dumps(info.get("offsets"))[:5000], "sparkdl_train.path": str(info.get("path"))}
+        try:
+            # through the client, by run id: a query's micro-batches run on Spark's callback threads, where the
+            # run is not the active one
+            client = mlflow.MlflowClient()
+            with tempfile.TemporaryDirectory() as tmp:
+                mlflow.keras.save_model(model, f"{tmp}/{name}")
+                client.log_artifacts(self.run_id, f"{tmp}/{name}", artifact_path=name)
+            registered = None
+            if registered_model:
+                registered = mlflow.register_model(f"runs:/{self.run_id}/{name}", registered_model, tags=tags).version
+            client.log_metric(self.run_id, "stream_version", version, step=int(info.get("batch_id") or 0))
+            log.info("mlflow: stream version %d logged into run %s%s", version, self.run_id,
+                     f" as {registered_model} version {registered}" if registered_model else "")
+        except Exception:  # noqa: BLE001 - the version is published on the file system either way
+            log.warning("mlflow: logging stream version %d into run %s failed", version, self.run_id, exc_info=True)
+
     def _log_model(self, model: Any, sample_x: Any) -> None:
         if not _settings["log_models"]:
             return

@@ -248,6 +248,7 @@ class SparkModel:
         publish_dir: str | None = None,
         prequential: bool = False,
         stream_retries: int = 2,
+        registered_model: str | None = None,
         callbacks: Sequence[Any] | None = None,
         transform: Any = None,
         query_name: str | None = None,
@@ -266,12 +267,16 @@ class SparkModel:
         ``publish_dir`` (``load_latest(publish_dir)`` reads the newest complete one). ``prequential``: score
         each micro-batch with the model before it trains on it (``BatchRecord.prequential``).
         ``stream_retries``: how often a failed micro-batch is trained again from the last commit.
+        ``registered_model``: with MLflow tracking on (``mlflow=True`` or ``sparkdl_train.mlflow.autolog()``), each
+        published version is also logged to the query's run and registered as a version of this MLflow model,
+        tagged with its micro-batch and offsets.
         ``feature_cols``, ``label_col``, ``sample_weight_col``, ``transform`` and ``callbacks`` as in ``fit``
         (epoch hooks run once per micro-batch, with its id as the epoch)."""
         from . import stream
 
         settings = stream.StreamSettings(batch_size=batch_size, passes=passes, publish_every=publish_every, publish_dir=publish_dir,
-                                         prequential=bool(prequential), retries=stream_retries, shuffle=shuffle)
+                                         prequential=bool(prequential), retries=stream_retries, shuffle=shuffle,
+                                         registered_model=registered_model)
         if isinstance(trigger, str):
             trigger = {"processingTime": trigger}
         elif trigger is not None and not isinstance(trigger, dict):
@@ -369,7 +374,8 @@ class SparkModel:
             monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
                                  live=live, tls=launch.tls, removed_before=gone_before)
             self._monitor = monitor
-            loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer, launch=launch, config=config)
+            loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer, launch=launch, config=config,
+                              run=run)
         except BaseException:  # before the epochs' own cleanup takes over: no job, no broadcast left
             if prepare is not None:
                 prepare.cancel()
@@ -723,6 +729,7 @@ class _EpochLoop:
     launch: Any = None  # the engine's Launch: how many workers, barrier or not
     config: EngineConfig | None = None
     logs: dict[str, Any] = dataclasses.field(default_factory=dict)  # the last pass's, for on_train_end
+    run: Any = None  # the fit's MLflow run (sparkdl_train.mlflow.FitRun), when it tracks
 
 
 SparkModel.__doc__ = SparkModel.__doc__.replace("{settings}", arguments_doc())

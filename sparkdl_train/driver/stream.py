@@ -85,6 +85,7 @@ class StreamSettings:
     prequential: bool = False
     retries: int = 2
     shuffle: bool = True
+    registered_model: str | None = None  # the MLflow model each published version is registered under
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "passes"):
@@ -95,6 +96,10 @@ class StreamSettings:
             raise ConfigError(f"fit_stream: stream_retries must be a non-negative integer, got {self.retries!r}")
         if (self.publish_every is None) != (self.publish_dir is None):
             raise ConfigError("fit_stream: publish_every and publish_dir go together (how often, and where model versions go)")
+        if self.registered_model is not None and (not isinstance(self.registered_model, str) or not self.registered_model
+                                                  or self.publish_every is None):
+            raise ConfigError(f"fit_stream: registered_model names the MLflow model that published versions are registered "
+                              f"under (with publish_every and publish_dir), got {self.registered_model!r}")
         if self.publish_every is not None and (isinstance(self.publish_every, bool) or not isinstance(self.publish_every, int)
                                                or self.publish_every < 1):
             raise ConfigError(f"fit_stream: publish_every must be a positive number of micro-batches, got {self.publish_every!r}")
@@ -362,6 +367,9 @@ class _Trainer:
         self.version = version
         record.version = version
         log.info("fit_stream: model version %d (after micro-batch %d) at %s", version, record.batch_id, latest["path"])
+        run = getattr(self._loop, "run", None)
+        if run is not None:  # a tracked query: the version in MLflow too (a failure there is logged, not raised)
+            run.log_version(self.sm.model, version, latest, self.settings.registered_model)
 
 
 def _offsets(fs: FileSystem, location: str, batch_id: int) -> list[Any] | None:

@@ -4,6 +4,7 @@ no micro-batch twice and skips none (equal to an uninterrupted run), a failed mi
 from the last commit without its partial updates, and model versions a reader only ever sees whole."""
 
 import contextlib
+import json
 import os
 
 import keras
@@ -68,9 +69,24 @@ def _accuracy(model, planted):
     return float(np.mean((model.predict(planted["x"], verbose=0)[:, 0] > 0.5) == (planted["y"] > 0.5)))
 
 
-def test_each_micro_batch_is_one_pass_committed_with_its_id_and_versions_are_published_whole(spark, planted, tmp_path):
+@pytest.fixture
+def mlflow_store(tmp_path):
+    """An MLflow tracking store and model registry in SQLite, artifacts under the test's folder."""
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment(experiment_id=mlflow.create_experiment("stream", artifact_location=(tmp_path / "artifacts").as_uri()))
+    yield mlflow
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(before)
+
+
+def test_each_micro_batch_is_one_pass_committed_with_its_id_and_versions_are_published_whole(spark, planted, tmp_path,
+                                                                                             mlflow_store):
     sm, fit = _run(spark, planted, tmp_path / "ckpt", {"mode": "synchronous", "frequency": "batch"}, publish_every=2,
-                   publish_dir=str(tmp_path / "versions"), prequential=True)
+                   publish_dir=str(tmp_path / "versions"), prequential=True, mlflow=True, registered_model="stream_test")
     assert fit.exception() is None
     trained = [b for b in fit.batches if b.skipped is None]
     assert [b.batch_id for b in trained] == list(range(FILES)) and all(b.rows == ROWS and b.attempts == 1 for b in trained)
@@ -91,6 +107,14 @@ def test_each_micro_batch_is_one_pass_committed_with_its_id_and_versions_are_pub
     loaded = load_latest(str(tmp_path / "versions"))
     assert loaded.stream_version["version"] == 2
     assert not np.allclose(np.asarray(loaded.model.weights[0]), np.asarray(sm.model.weights[0]))  # version 2 is before micro-batch 4's pass
+    # with MLflow on, each version is also a registered model version, tagged with its micro-batch and offsets
+    client = mlflow_store.MlflowClient()
+    versions = sorted(client.search_model_versions("name='stream_test'"), key=lambda v: int(v.version))
+    assert [(str(v.version), v.tags["sparkdl_train.batch_id"]) for v in versions] == [("1", "1"), ("2", "3")], versions
+    assert json.loads(versions[1].tags["sparkdl_train.offsets"])[0]["logOffset"] == 3
+    registered = mlflow_store.keras.load_model("models:/stream_test/2")
+    for a, b in zip(registered.get_weights(), loaded.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 def _weights(model):
