@@ -24,7 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from .maven import JAVA_HINT, MissingTool, cached, copy_dependencies, tool
+from .maven import JAVA_HINT, MissingTool, cached, copy_dependencies, daemon_alive, tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -186,15 +186,7 @@ class MiniHadoop:
         return cls(root=root, nodemanagers=state["nodemanagers"], pid=state["pid"], addresses=state["addresses"])
 
     def alive(self) -> bool:
-        if self.pid is None:
-            return False
-        try:
-            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
-                alive = b"MiniHadoop" in f.read()  # not another process that reused the pid
-            with open(f"/proc/{self.pid}/stat", "rb") as f:
-                return alive and f.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # a zombie is gone
-        except OSError:
-            return False
+        return daemon_alive(self.pid, b"MiniHadoop")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the JVM and every container it launched (one process group), by pid."""

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 
 from .hadoop import JVM_OPTIONS, node_env, spark_home
-from .maven import JAVA_HINT, cache_root, cached, copy_dependencies, tool
+from .maven import JAVA_HINT, cache_root, cached, copy_dependencies, daemon_alive, tool
 
 logger = logging.getLogger(__name__)
 
@@ -167,15 +167,7 @@ class KafkaBroker:
         return cls(root=root, **state)
 
     def alive(self) -> bool:
-        if self.pid is None:
-            return False
-        try:
-            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
-                alive = b"kafka.Kafka" in f.read()  # not another process that reused the pid
-            with open(f"/proc/{self.pid}/stat", "rb") as f:
-                return alive and f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-        except OSError:
-            return False
+        return daemon_alive(self.pid, b"kafka.Kafka")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the broker's JVM (its process group), by pid: SIGTERM, then SIGKILL after ``timeout``."""

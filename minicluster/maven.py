@@ -33,6 +33,20 @@ def tool(name: str, hint: str) -> str:
     return path
 
 
+def daemon_alive(pid: int | None, marker: bytes) -> bool:
+    """Whether the cluster JVM ``pid`` runs: its command line holds ``marker`` (not another process that reused
+    the pid) and it is not a zombie."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            alive = marker in f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return alive and f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
 def cache_root() -> str:
     return os.environ.get("SDT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sparkdl_train")
 
