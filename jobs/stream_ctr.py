@@ -65,16 +65,18 @@ def events(spark, args):
     return ctr_features(rows, ctr.DENSE_COLS, ctr.CAT_COLS, args.buckets, ["id", "label", "p_true", "regime"])
 
 
-def lag(query) -> int | None:
-    """Offsets the last micro-batch left behind the topic's end (Spark's Kafka source metric)."""
-    progress = query.lastProgress
-    if not progress:
-        return None
-    for source in progress.get("sources", []):
-        behind = (source.get("metrics") or {}).get("maxOffsetsBehindLatest")
-        if behind is not None:
-            return int(float(behind))
-    return None
+def lag(query, batch_id: int) -> tuple[bool, int | None]:
+    """Offsets micro-batch `batch_id` left behind the topic's end (Spark's Kafka source metric), from that batch's
+    own progress report: (False, None) while Spark has not posted it yet (it does so after the batch's sink returns)."""
+    for progress in reversed(query.recentProgress or []):
+        if progress.get("batchId") != batch_id:
+            continue
+        for source in progress.get("sources", []):
+            behind = (source.get("metrics") or {}).get("maxOffsetsBehindLatest")
+            if behind is not None:
+                return True, int(float(behind))
+        return True, None
+    return False, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,17 +100,23 @@ def main(argv: list[str] | None = None) -> int:
                         publish_dir=f"{output}/versions", query_name=f"stream_ctr:{args.topic}")
     started, shown, lags, trained = time.monotonic(), 0, {}, 0
     try:
-        while fit.isActive and time.monotonic() - started < args.timeout and (args.rows is None or trained < args.rows):
-            fit.awaitTermination(1.0)
+        while True:
+            active = fit.isActive and time.monotonic() - started < args.timeout and (args.rows is None or trained < args.rows)
+            if active:
+                fit.awaitTermination(1.0)
             batches = [b for b in fit.batches if b.skipped or b.error or b.batch_id <= fit.committed]  # finished
             for b in batches[shown:]:
-                lags[b.batch_id] = lag(fit.query)
+                reported, lags[b.batch_id] = lag(fit.query, b.batch_id)
+                if not reported and active and fit.isActive:
+                    break  # its progress report comes a moment after the batch: print it then
                 trained += b.rows if b.skipped is None and b.error is None else 0
                 auc = (b.prequential or {}).get("auc")
                 print(f"batch {b.batch_id}: {b.rows} rows in {b.seconds:.1f} s, prequential AUC "
                       f"{'-' if auc is None else f'{auc:.4f}'}, lag {lags[b.batch_id]}, "
                       f"version {b.version or '-'}{f', skipped ({b.skipped})' if b.skipped else ''}", flush=True)
-            shown = len(batches)
+                shown += 1
+            if not active:
+                break
         error = fit.exception()
     finally:
         fit.stop()
