@@ -15,6 +15,7 @@ _EXPORTS = {
     "ConfigError": "sparkdl_train.errors",
     "ConsistencyError": "sparkdl_train.errors",
     "DataError": "sparkdl_train.errors",
+    "DynamicTable": "sparkdl_train.driver.stream_ids",
     "EngineConfig": "sparkdl_train.config",
     "FitCancelled": "sparkdl_train.errors",
     "FitConfig": "sparkdl_train.config",
@@ -27,13 +28,14 @@ _EXPORTS = {
     "latest_version": "sparkdl_train.driver.stream",
     "load_latest": "sparkdl_train.driver.spark_model",
     "load_spark_model": "sparkdl_train.driver.spark_model",
+    "map_ids": "sparkdl_train.driver.stream_ids",
     "to_simple_rdd": "sparkdl_train.data.rdd",
     "warm_up": "sparkdl_train.driver.warm_up",
 }
 __all__ = [
-    "ConfigError", "ConsistencyError", "DataError", "EngineConfig", "FitCancelled", "FitConfig", "ModelError",
-    "ServerStopped", "SparkDLError", "SparkModel", "WorkerError", "check_executors", "latest_version", "load_latest", "load_spark_model", "to_simple_rdd",
-    "warm_up",
+    "ConfigError", "ConsistencyError", "DataError", "DynamicTable", "EngineConfig", "FitCancelled", "FitConfig", "ModelError",
+    "ServerStopped", "SparkDLError", "SparkModel", "WorkerError", "check_executors", "latest_version", "load_latest", "load_spark_model", "map_ids",
+    "to_simple_rdd", "warm_up",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
@@ -42,6 +44,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .driver.preflight import check_executors
     from .driver.spark_model import SparkModel, load_latest, load_spark_model
     from .driver.stream import latest_version
+    from .driver.stream_ids import DynamicTable, map_ids
     from .driver.warm_up import warm_up
     from .errors import ConfigError, ConsistencyError, DataError, FitCancelled, ModelError, ServerStopped, SparkDLError, WorkerError
 

@@ -29,6 +29,11 @@ class FitCancelled(SparkDLError):
     e.g. from the Spark UI, ``SparkModel.cancel()`` or ``sc.cancelJobGroup``)."""
 
 
+class BatchTimeout(SparkDLError):
+    """A stream's micro-batch ran longer than ``batch_timeout`` (a stalled executor or task): its jobs were
+    cancelled; ``fit_stream`` trains it again from the last commit."""
+
+
 class ServerStopped(SparkDLError):
     """The driver's parameter server shut down while a worker waited on it (the fit failed,
     was cancelled or stopped)."""

@@ -139,6 +139,22 @@ def model_epochs() -> str:
 # -- parts ---------------------------------------------------------------------------------------------
 
 
+@figure("stream")
+def stream() -> str:
+    r = results.load("stream")
+    rest, a = r["batch"], r["arrival"]
+    caption = (f"`fit_stream` on {r['master']} ({r['workers']} workers, {r['engine']['mode']} parameter server per batch, "
+               f"batch {r['batch_size']}), the CTR job's DeepFM on planted-model events, {r['events_per_file']:,} a file. "
+               f"The same {rest['samples']:,} rows at rest, a fit's second epoch: {rest['samples_per_second']:,.0f} samples/s.")
+    rows = [[f"backlog, {b['events_per_micro_batch']:,} events a micro-batch", f"{b['events_per_second']:,.0f}", x(b["to_batch"]),
+             f"{b['seconds_per_micro_batch']:.2f}", f"{b['first_seconds']:.1f}", "-", "-"] for b in r["backlog"]]
+    rows.append([f"arrival, a file every {a['interval']:g} s, a version after each micro-batch", "-", "-",
+                 f"{a['seconds_per_micro_batch']:.2f}", f"{a['first_version_seconds']:.1f}", f"{a['freshness_p50']:.1f}",
+                 f"{a['freshness_p99']:.1f}"])
+    return block(caption, ["run", "events/s (after the first micro-batch)", "against the batch fit", "s a micro-batch (median)",
+                           "first micro-batch, s", "freshness p50, s", "freshness p99, s"], rows, "stream")
+
+
 @figure("tls_cost")
 def tls_cost() -> str:
     r = results.load("tls_cost")

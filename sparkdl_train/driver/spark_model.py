@@ -19,6 +19,7 @@ from ..data.output import output_columns
 from ..data.transform import BatchTransform
 from ..errors import ConfigError, DataError, ModelError
 from ..failures import memory_error
+from ..fs import FileSystem, join
 from ..model_io import ModelPayload, build_from_batch, build_with, check_compiled, serialize_builder, serialize_model
 from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
@@ -248,12 +249,14 @@ class SparkModel:
         publish_dir: str | None = None,
         prequential: bool = False,
         stream_retries: int = 2,
+        batch_timeout: float | None = None,
         registered_model: str | None = None,
         callbacks: Sequence[Any] | None = None,
         transform: Any = None,
         query_name: str | None = None,
         shuffle: bool = True,
         mlflow: bool | None = None,
+        dynamic_ids: Any = None,
     ) -> Any:
         """Train continuously on a streaming DataFrame; returns a :class:`~sparkdl_train.driver.stream.StreamFit`
         (``.query`` is the ``StreamingQuery``; ``stop()``, ``awaitTermination()``, ``batches``).
@@ -267,16 +270,21 @@ class SparkModel:
         ``publish_dir`` (``load_latest(publish_dir)`` reads the newest complete one). ``prequential``: score
         each micro-batch with the model before it trains on it (``BatchRecord.prequential``).
         ``stream_retries``: how often a failed micro-batch is trained again from the last commit.
+        ``batch_timeout``: seconds a micro-batch's attempt may run; a longer one (a stalled executor, a task that
+        hangs) has its Spark jobs cancelled and is retried like a failed one (default: no limit).
         ``registered_model``: with MLflow tracking on (``mlflow=True`` or ``sparkdl_train.mlflow.autolog()``), each
         published version is also logged to the query's run and registered as a version of this MLflow model,
         tagged with its micro-batch and offsets.
+        ``dynamic_ids``: a list of :class:`~sparkdl_train.DynamicTable` (an integer id column and the
+        ``Embedding`` layer it feeds): ids get rows of that table after a few sightings, idle ids give their rows
+        up, memory bounded whatever the number of distinct ids (:mod:`sparkdl_train.driver.stream_ids`).
         ``feature_cols``, ``label_col``, ``sample_weight_col``, ``transform`` and ``callbacks`` as in ``fit``
         (epoch hooks run once per micro-batch, with its id as the epoch)."""
         from . import stream
 
         settings = stream.StreamSettings(batch_size=batch_size, passes=passes, publish_every=publish_every, publish_dir=publish_dir,
                                          prequential=bool(prequential), retries=stream_retries, shuffle=shuffle,
-                                         registered_model=registered_model)
+                                         registered_model=registered_model, batch_timeout=batch_timeout)
         if isinstance(trigger, str):
             trigger = {"processingTime": trigger}
         elif trigger is not None and not isinstance(trigger, dict):
@@ -286,7 +294,7 @@ class SparkModel:
         self._remember_columns(feature_cols, label_col, sample_weight_col)
         self._remember_transform(transform, stream_df)
         return stream.start(self, stream_df, settings, checkpoint_location, trigger, callbacks, query_name,
-                            tracking.enabled(mlflow))
+                            tracking.enabled(mlflow), dynamic_ids)
 
     @contextlib.contextmanager
     def _session(self, data: Any, fit_cfg: FitConfig, callbacks: Sequence[Any] | None, validation_data: Any,
@@ -884,4 +892,10 @@ def load_latest(publish_dir: str, custom_objects: dict[str, Any] | None = None, 
         raise FileNotFoundError(f"{publish_dir} holds no model version yet ({LATEST} is missing)")
     sm = load_spark_model(latest["path"], custom_objects, sc)
     sm.stream_version = latest
+    from .stream_ids import FILE, read_tables
+
+    fs = FileSystem(sc)
+    ids = join(latest["path"], FILE)
+    # a version trained with dynamic_ids: the ids its embedding rows belong to (stream_ids.map_ids maps raw ids)
+    sm.stream_ids = read_tables(fs.read_bytes(ids)) if fs.exists(ids) else None
     return sm

@@ -44,16 +44,24 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..config import FitConfig
-from ..errors import ConfigError, DataError
+from ..errors import BatchTimeout, ConfigError, DataError
 from ..fs import FileSystem, join
 from ..model_io import ensure_optimizer_built, get_state, set_state
+from .background import SparkCall
 from .checkpoint import Checkpointer
 from .connect import is_connect
 from .engines import evaluate_logs
+from .stream_ids import FILE as IDS_FILE
+from .stream_ids import IdTables, Reset, reset_rows
 
 log = logging.getLogger(__name__)
 
 LATEST = "LATEST"
+_CANCEL_WAIT = 60.0  # seconds a timed-out micro-batch gets to end once its jobs are cancelled
+
+
+class _Stuck(BatchTimeout):
+    """A timed-out micro-batch that did not end once cancelled: not retried (its thread still holds the model)."""
 _KEEP_STATS = 100  # the engine's per-pass stats kept in sm.stats.epochs (a stream has no last epoch)
 
 
@@ -71,7 +79,11 @@ class BatchRecord:
     skipped: str | None = None  # why it was not trained: "committed" (a replay after a restart), "empty"
     error: str | None = None  # why its last attempt failed (the query then stopped)
     version: int | None = None  # the model version published after it
+    published_at: float | None = None  # when that version was in place (time.time()): freshness = this - event time
     executors: list[str] = field(default_factory=list)
+    # dynamic_ids: per id column, the micro-batch's distinct ids, those admitted, rows given to new ids, ids waiting
+    # for a row (the table full of recently seen ones) and ids holding a row after it
+    ids: dict[str, dict[str, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,7 @@ class StreamSettings:
     retries: int = 2
     shuffle: bool = True
     registered_model: str | None = None  # the MLflow model each published version is registered under
+    batch_timeout: float | None = None  # seconds a micro-batch's attempt may run before its jobs are cancelled
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "passes"):
@@ -100,6 +113,10 @@ class StreamSettings:
                                                   or self.publish_every is None):
             raise ConfigError(f"fit_stream: registered_model names the MLflow model that published versions are registered "
                               f"under (with publish_every and publish_dir), got {self.registered_model!r}")
+        if self.batch_timeout is not None and (isinstance(self.batch_timeout, bool) or not isinstance(self.batch_timeout, (int, float))
+                                               or not self.batch_timeout > 0):
+            raise ConfigError(f"fit_stream: batch_timeout is the seconds a micro-batch may take (a positive number), "
+                              f"got {self.batch_timeout!r}")
         if self.publish_every is not None and (isinstance(self.publish_every, bool) or not isinstance(self.publish_every, int)
                                                or self.publish_every < 1):
             raise ConfigError(f"fit_stream: publish_every must be a positive number of micro-batches, got {self.publish_every!r}")
@@ -166,7 +183,7 @@ class StreamFit:
 
 
 def start(sm: Any, stream_df: Any, settings: StreamSettings, checkpoint_location: str, trigger: dict[str, Any] | None,
-          callbacks: Sequence[Any] | None, query_name: str | None, mlflow: bool) -> StreamFit:
+          callbacks: Sequence[Any] | None, query_name: str | None, mlflow: bool, dynamic_ids: Any = None) -> StreamFit:
     """Start the query behind ``SparkModel.fit_stream`` (which documents the arguments)."""
     if not getattr(stream_df, "isStreaming", False):
         raise DataError("fit_stream needs a streaming DataFrame (spark.readStream...); for data at rest call fit")
@@ -177,7 +194,10 @@ def start(sm: Any, stream_df: Any, settings: StreamSettings, checkpoint_location
     if not isinstance(checkpoint_location, str) or not checkpoint_location:
         raise ConfigError(f"fit_stream: checkpoint_location must be a path (Spark's offsets and the model's state go there), "
                           f"got {checkpoint_location!r}")
-    trainer = _Trainer(sm, settings, checkpoint_location, callbacks, mlflow, session.sparkContext)
+    ids = IdTables(sm.model, dynamic_ids) if dynamic_ids else None
+    if ids is not None:
+        ids.check(stream_df)
+    trainer = _Trainer(sm, settings, checkpoint_location, callbacks, mlflow, session.sparkContext, ids)
     writer = stream_df.writeStream.foreachBatch(trainer).option("checkpointLocation", join(checkpoint_location, "query"))
     if query_name:
         writer = writer.queryName(query_name)
@@ -191,7 +211,8 @@ def start(sm: Any, stream_df: Any, settings: StreamSettings, checkpoint_location
 class _Trainer:
     """The query's foreachBatch function: one training pass per micro-batch, committed with its batch id."""
 
-    def __init__(self, sm: Any, settings: StreamSettings, location: str, callbacks: Sequence[Any] | None, mlflow: bool, sc: Any):
+    def __init__(self, sm: Any, settings: StreamSettings, location: str, callbacks: Sequence[Any] | None, mlflow: bool, sc: Any,
+                 ids: IdTables | None = None):
         self.sm = sm
         self.settings = settings
         self.location = location
@@ -207,11 +228,13 @@ class _Trainer:
         self._closed = False
         self._listener: Any = None
         self._session_ref: Any = None
+        self.ids = ids
         self.checkpointer = Checkpointer(join(location, "model"), sc=sc)
         restored = self.checkpointer.restore(sm.model)
         self.committed = int(restored.info.get("batch_id", -1)) if restored is not None else -1
         self.trained = restored.epochs_done if restored is not None else 0  # micro-batches trained, all runs together
         if restored is not None:
+            self._restore_ids(restored.info.get("ids"))
             self.version = restored.info.get("version")
             log.info("fit_stream: resuming after micro-batch %d (%d trained)", self.committed, self.trained)
             latest = latest_version(settings.publish_dir, sc) if settings.publish_dir and self.version else None
@@ -219,6 +242,14 @@ class _Trainer:
                 self._publish(self.version, BatchRecord(self.committed))  # committed, but the driver died before publishing it
         ensure_optimizer_built(sm.model)
         self._committed_state = [a.copy() for a in get_state(sm.model)]
+
+    def _restore_ids(self, name: str | None) -> None:
+        if (name is None) != (self.ids is None):
+            raise ConfigError(f"fit_stream: the checkpoint at {self.location} was written {'with' if name else 'without'} "
+                              f"dynamic_ids and this query has {'none' if self.ids is None else 'them'}: the embedding rows "
+                              "would mean other ids; use a new checkpoint location")
+        if name is not None:
+            self.ids.restore(FileSystem(self.sc).read_bytes(join(join(self.location, "model"), name)))
 
     # ---- the query's lifetime
     def watch(self, session: Any, query: Any) -> None:
@@ -279,28 +310,42 @@ class _Trainer:
                 log.info("fit_stream: micro-batch %d was trained and committed before: skipped", batch_id)
                 return
             df = df.persist()
+            mapped, shared = None, None
             try:
                 if df.isEmpty():
                     record.skipped = "empty"
                     return
-                self._train(df, record)
+                resets: list[Reset] = []
+                if self.ids is not None:  # the ids' rows: admitted and evicted on the driver, mapped on the executors
+                    resets, record.ids = self.ids.observe(df, self.sm.model)
+                    mapped, shared = self.ids.mapped(df)
+                    mapped = mapped.persist()
+                self._train(df if mapped is None else mapped, record, resets)
             except BaseException as exc:
                 record.error = f"{type(exc).__name__}: {exc}"
                 raise
             finally:
+                if mapped is not None:
+                    mapped.unpersist()
+                if shared is not None:
+                    shared.unpersist()
                 df.unpersist()
 
-    def _train(self, df: Any, record: BatchRecord) -> None:
+    def _train(self, df: Any, record: BatchRecord, resets: Sequence[Reset] = ()) -> None:
         started = time.perf_counter()
         for attempt in range(self.settings.retries + 1):
             record.attempts = attempt + 1
             try:
-                logs, stats = self._pass(df, record)
+                if resets:  # rows given to new ids start afresh (again after a failed attempt: the commit lacks them)
+                    reset_rows(self.sm.model, resets)
+                    if self._engine is not None:
+                        self._engine.reload(self.sm.model)
+                logs, stats = self._attempt(df, record)
                 break
             except Exception as exc:  # noqa: BLE001 - retried from the committed state, then raised
                 self._close_session(exc)
                 set_state(self.sm.model, self._committed_state)  # a partial pass leaves nothing behind
-                if attempt == self.settings.retries:
+                if attempt == self.settings.retries or isinstance(exc, _Stuck):
                     log.error("fit_stream: micro-batch %d failed %d times; the query stops: %s", record.batch_id, attempt + 1, exc)
                     raise
                 log.warning("fit_stream: micro-batch %d failed (%s); training it again from the committed state", record.batch_id, exc)
@@ -310,9 +355,12 @@ class _Trainer:
         self.trained += 1
         published = self.trained % self.settings.publish_every == 0 if self.settings.publish_every else False
         version = (self.version or 0) + 1 if published else self.version
-        # the commit: the model's state with the batch id (and the version it is about to publish)
-        self.checkpointer.save(self.sm.model, self.trained, record.logs,
-                               {"batch_id": record.batch_id, "rows": record.rows, "version": version, "stream": True})
+        # the commit: the model's state with the batch id (and the version it is about to publish); the ids'
+        # tables first, in a file of their own that the checkpoint's pointer names
+        info = {"batch_id": record.batch_id, "rows": record.rows, "version": version, "stream": True}
+        if self.ids is not None:
+            info["ids"] = self._save_ids()
+        self.checkpointer.save(self.sm.model, self.trained, record.logs, info)
         self.committed = record.batch_id
         self._committed_state = [a.copy() for a in get_state(self.sm.model)]
         if published:
@@ -323,6 +371,24 @@ class _Trainer:
             del stats_list[: len(stats_list) - _KEEP_STATS]
         log.info("fit_stream: micro-batch %d: %d rows in %.1f s %s", record.batch_id, record.rows, record.seconds,
                  " ".join(f"{k}={v:.4g}" for k, v in record.logs.items()))
+
+    def _attempt(self, df: Any, record: BatchRecord) -> tuple[dict[str, Any], Any]:
+        """One attempt at the micro-batch's passes; with ``batch_timeout``, on a helper thread whose Spark jobs
+        are cancelled when it runs longer (a stalled executor, a task that hangs): :class:`BatchTimeout`."""
+        timeout = self.settings.batch_timeout
+        if timeout is None:
+            return self._pass(df, record)
+        call = SparkCall(self.sc, lambda: self._pass(df, record), "sparkdl_train-stream",
+                         f"sparkdl_train fit_stream: micro-batch {record.batch_id}")
+        if call.wait(timeout):
+            return call.result()
+        log.warning("fit_stream: micro-batch %d still runs after batch_timeout=%g s; cancelling its Spark jobs", record.batch_id, timeout)
+        call.cancel(wait=_CANCEL_WAIT)
+        if not call.wait(0):
+            raise _Stuck(f"micro-batch {record.batch_id} ran longer than batch_timeout={timeout:g} s and did not end within "
+                         f"{_CANCEL_WAIT:g} s of its jobs' cancellation; the query stops")
+        raise BatchTimeout(f"micro-batch {record.batch_id} ran longer than batch_timeout={timeout:g} s (a stalled executor or "
+                           "task?); its Spark jobs were cancelled")
 
     def _pass(self, df: Any, record: BatchRecord) -> tuple[dict[str, Any], Any]:
         sm = self.sm
@@ -349,6 +415,15 @@ class _Trainer:
         loop.logs = logs
         return logs, sm.stats.epochs[-1]
 
+    def _save_ids(self) -> str:
+        fs, folder = FileSystem(self.sc), join(self.location, "model")
+        name = f"ids-{self.trained:06d}.bin"
+        fs.write_bytes(join(folder, name), self.ids.encode())
+        old = join(folder, f"ids-{self.trained - 3:06d}.bin")  # the checkpointer keeps two states; one more for safety
+        if self.trained > 3 and fs.exists(old):
+            fs.delete(old)
+        return name
+
     def _publish(self, version: int, record: BatchRecord) -> None:
         fs = FileSystem(self.sc)
         where = self.settings.publish_dir
@@ -357,15 +432,18 @@ class _Trainer:
         if fs.exists(tmp):
             fs.delete(tmp)
         self.sm.save(tmp)
+        if self.ids is not None:  # the rows' ids: a reader maps its raw ids with them (stream_ids.map_ids)
+            fs.write_bytes(join(tmp, IDS_FILE), self.ids.encode())
         final = join(where, name)
         if fs.exists(final):  # written before a restart that then trained its micro-batch again
             fs.delete(final)
         fs.rename(tmp, final)
         latest = {"version": version, "path": fs.qualified(final), "batch_id": record.batch_id, "trained": self.trained,
-                  "offsets": _offsets(fs, self.location, record.batch_id), "published_at": time.time()}
+                  "offsets": _offsets(fs, self.location, record.batch_id)}
+        latest["published_at"] = time.time()  # the moment a reader can load it (once LATEST names it, just below)
         fs.replace_bytes(join(where, LATEST), json.dumps(latest, indent=1).encode())
         self.version = version
-        record.version = version
+        record.version, record.published_at = version, latest["published_at"]
         log.info("fit_stream: model version %d (after micro-batch %d) at %s", version, record.batch_id, latest["path"])
         run = getattr(self._loop, "run", None)
         if run is not None:  # a tracked query: the version in MLflow too (a failure there is logged, not raised)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..data.id_map import lookup
+
 _MULTIPLIERS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
                          0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x94D049BB133111EB, 0xBF58476D1CE4E5B9], dtype=np.uint64)
 EMPTY = np.iinfo(np.int64).min  # a free row's key
@@ -62,13 +64,12 @@ class DynamicIds:
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Each id's row (0: none of its own), same shape as ``ids``."""
-        ids = np.asarray(ids, np.int64)
-        if not len(self._sorted_keys):
-            return np.zeros(ids.shape, np.int64)
-        flat = ids.reshape(-1)
-        pos = np.minimum(np.searchsorted(self._sorted_keys, flat), len(self._sorted_keys) - 1)
-        out = np.where(self._sorted_keys[pos] == flat, self._sorted_rows[pos], 0)
-        return out.reshape(ids.shape)
+        return lookup(self._sorted_keys, self._sorted_rows, ids)
+
+    @property
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The held ids, sorted, and their rows: what the executors map a batch with (:mod:`sparkdl_train.data.id_map`)."""
+        return self._sorted_keys, self._sorted_rows
 
     @property
     def size(self) -> int:
@@ -108,10 +109,20 @@ class DynamicIds:
     def observe(self, ids: np.ndarray) -> Observed:
         """One step's ids (a micro-batch's, any shape, repeats counted): refresh the ids that hold rows, count
         the others, admit those past ``admit_after``, evicting the least recently seen idle ids when full."""
+        values, counts = np.unique(np.asarray(ids, np.int64).reshape(-1), return_counts=True)
+        return self.observe_counts(values, counts)
+
+    def observe_counts(self, values: np.ndarray, counts: np.ndarray) -> Observed:
+        """:meth:`observe` for ids already counted: distinct ``values`` seen ``counts`` times each this step (what
+        a Spark ``groupBy(id).count()`` of a micro-batch gives)."""
+        values, counts = np.asarray(values, np.int64).reshape(-1), np.asarray(counts, np.int64).reshape(-1)
+        if values.shape != counts.shape:
+            raise ValueError(f"values and counts differ in length: {values.shape} and {counts.shape}")
+        if len(values) != len(np.unique(values)):
+            raise ValueError("values must be distinct (count each id once, with its number of sightings)")
         self.step += 1
         if self.decay_every and self.step % self.decay_every == 0:
             self.sketch >>= 1
-        values, counts = np.unique(np.asarray(ids, np.int64).reshape(-1), return_counts=True)
         rows = self.lookup(values)
         held = rows > 0
         self.last_seen[rows[held]] = self.step

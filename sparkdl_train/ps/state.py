@@ -297,6 +297,27 @@ class ServerState:
                 out[i] = t.copy()
             return out
 
+    def assign(self, weights: Sequence[np.ndarray]) -> None:
+        """Replace every weight (between epochs: a caller that changed the driver's copy), as a new version."""
+        if len(weights) != len(self.shapes):
+            raise ValueError(f"assign: {len(weights)} arrays, the server holds {len(self.shapes)}")
+        for i, (w, shape) in enumerate(zip(weights, self.shapes)):
+            if tuple(np.shape(w)) != tuple(shape):
+                raise ValueError(f"assign: array {i} has shape {np.shape(w)}, the server's is {shape}")
+        with self._cond, self._all_shards():
+            for i, t in self._tables.items():
+                t[...] = weights[i]
+            old = self._current
+            if self.mode == "hogwild":  # its one snapshot's arrays are the live weights: written in place
+                for w, i in zip(old.arrays, self._dense):
+                    w[...] = weights[i]
+                old.version = max(old.version, next(self._hog_versions))
+                old.wired.clear()
+            else:
+                self._current = Snapshot(old.version + 1, [np.array(weights[i], dtype=self.dtypes[i], copy=True) for i in self._dense])
+                self._recycle(old)
+            self._cond.notify_all()
+
     @contextlib.contextmanager
     def _all_shards(self):
         """Every shard's lock, in order (after the state's lock, as everywhere)."""

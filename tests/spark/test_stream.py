@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from sparkdl_train import SparkModel, load_latest
+from sparkdl_train import SparkModel, load_latest, load_spark_model
 from sparkdl_train.driver import stream
 from sparkdl_train.errors import ConfigError, DataError
 from sparkdl_train.model_io import get_state
@@ -192,6 +192,38 @@ def test_a_failed_micro_batch_is_trained_again_from_the_last_commit_without_its_
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(failed[0], got)) > 1e-3
 
 
+BATCH_TIMEOUT = 45.0  # above a micro-batch's attempt on a loaded machine (the first sets the engine up)
+
+
+@pytest.mark.slow
+def test_a_stalled_micro_batch_is_cancelled_after_batch_timeout_and_trained_again(spark, planted, tmp_path, uninterrupted):
+    """Micro-batch 2's first task to read its first row hangs (an executor stalled); after batch_timeout its Spark
+    jobs are cancelled and it is trained again from micro-batch 1's commit: the query goes on, the model equal to
+    the uninterrupted run's."""
+    import time
+
+    marker = str(tmp_path / "stalled")
+    first = pq.read_table(os.path.join(planted["folder"], "part-002.parquet")).column("features")[0].as_py()
+
+    def stall_once(columns):
+        from pyspark import TaskContext
+
+        if TaskContext.get() is not None and not os.path.exists(marker) and \
+                np.any(np.all(np.isclose(columns["features"], first), axis=1)):
+            open(marker, "w").close()
+            time.sleep(600)  # the task hangs: only a cancel ends it
+        return {}
+
+    started = time.monotonic()
+    sm, fit = _run(spark, planted, tmp_path / "ckpt", transform=stall_once, batch_timeout=BATCH_TIMEOUT)
+    assert fit.exception() is None and os.path.exists(marker)
+    assert [(b.batch_id, b.attempts) for b in fit.batches] == [(0, 1), (1, 1), (2, 2), (3, 1), (4, 1)]
+    assert fit.batches[2].seconds < BATCH_TIMEOUT + 60  # bounded: the timeout, the cancel, one more attempt
+    assert time.monotonic() - started < 600  # the hung task did not hold the query
+    for got, want in zip(_weights(sm.model), uninterrupted):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 def test_bad_stream_arguments_are_refused_naming_the_problem(spark, planted, tmp_path):
     sm = SparkModel(_model())
     with pytest.raises(DataError, match="streaming DataFrame"):
@@ -202,4 +234,55 @@ def test_bad_stream_arguments_are_refused_naming_the_problem(spark, planted, tmp
         sm.fit_stream(_stream(spark, planted), "")
     with pytest.raises(ConfigError, match="trigger"):
         sm.fit_stream(_stream(spark, planted), str(tmp_path), trigger=5)
+    with pytest.raises(ConfigError, match="batch_timeout"):
+        sm.fit_stream(_stream(spark, planted), str(tmp_path), batch_timeout=0)
     assert not spark.streams.active
+
+
+DRIFT_AT, DRIFTED, RECOVERY = 4, 4, 2  # micro-batches before the drift, after it; within how many it recovers
+
+
+@pytest.fixture(scope="module")
+def drift(tmp_path_factory):
+    """DRIFT_AT files clicked by one planted logistic model, then DRIFTED files by another (same features, a
+    changed taste), one file per micro-batch."""
+    rng = np.random.default_rng(21)
+    before, after = rng.normal(size=DIM) * 1.5, rng.normal(size=DIM) * 1.5
+    folder = tmp_path_factory.mktemp("drift_in")
+    files = []
+    for i in range(DRIFT_AT + DRIFTED):
+        x = rng.normal(size=(ROWS, DIM))
+        y = (rng.random(ROWS) < 1 / (1 + np.exp(-x @ (before if i < DRIFT_AT else after)))).astype("float64")
+        path = folder / f"part-{i:03d}.parquet"
+        pq.write_table(pa.table({"features": list(x), "label": y}), path)
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+        files.append((x, y))
+    return {"folder": str(folder), "files": files}
+
+
+def test_after_a_drift_the_streamed_model_recovers_within_two_micro_batches_where_a_frozen_one_does_not(spark, drift, tmp_path):
+    from sklearn.metrics import roc_auc_score
+
+    keras.utils.set_random_seed(3)
+    m = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1, activation="sigmoid")])
+    m.compile(optimizer=keras.optimizers.Adam(0.03), loss="binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")])
+    sm = SparkModel(m, num_workers=2)
+    stream_df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(drift["folder"])
+    fit = sm.fit_stream(stream_df, str(tmp_path / "ckpt"), batch_size=32, passes=2, trigger={"availableNow": True},
+                        prequential=True, publish_every=DRIFT_AT, publish_dir=str(tmp_path / "versions"))
+    try:
+        fit.awaitTermination(300)
+    finally:
+        fit.stop()
+    assert fit.exception() is None
+    auc = [b.prequential["auc"] for b in fit.batches if b.skipped is None]
+    assert len(auc) == DRIFT_AT + DRIFTED
+    # frozen: the version published at the drift (trained on the first DRIFT_AT micro-batches), never trained again
+    frozen = load_spark_model(str(tmp_path / "versions" / "v000001")).model
+    frozen_auc = [roc_auc_score(y, frozen.predict(x, verbose=0)[:, 0]) for x, y in drift["files"]]
+    settled = auc[DRIFT_AT - 1]  # the streamed model just before the drift, scoring unseen rows
+    assert settled > 0.85 and abs(frozen_auc[DRIFT_AT - 1] - settled) < 0.05, (auc, frozen_auc)
+    assert auc[DRIFT_AT] < settled - 0.15, auc  # the drift shows: the first drifted micro-batch scores badly
+    back = DRIFT_AT + RECOVERY  # recovered: scored before training on it, within 0.05 of before the drift
+    assert min(auc[back:]) > settled - 0.05, (auc, frozen_auc)
+    assert max(frozen_auc[DRIFT_AT:]) < settled - 0.15, (auc, frozen_auc)  # the frozen model stays behind

@@ -136,6 +136,10 @@ class Engine:
     def stopped(self, model: Any) -> None:
         """An epoch was cancelled midway (default: the driver keeps the weights it started it with)."""
 
+    def reload(self, model: Any) -> None:
+        """The driver's model was changed between passes (a stream's reset rows): weights the engine keeps
+        apart from it follow (default: none; each pass starts from the driver's state)."""
+
     def stats(self) -> dict[str, Any] | None:
         return None
 

@@ -115,6 +115,10 @@ class ParameterServerEngine(Engine):
         """An epoch was cancelled midway: take the server's weights, the latest there are."""
         self._take_server_weights(model)
 
+    def reload(self, model: Any) -> None:
+        """The server's weights become the driver's (between passes: no worker is connected)."""
+        self.state.assign([model.weights[i].numpy() for i in self.exchanged])
+
     def _take_server_weights(self, model: Any) -> None:
         assign([model.weights[i] for i in self.exchanged], self.state.snapshot(), "the server's weights")
 
