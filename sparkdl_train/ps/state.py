@@ -12,8 +12,11 @@ Keras optimizer):
   Snapshots are reference-counted while being sent and their buffers recycled,
   so steady-state updates allocate no memory. Optional bounded staleness (SSP): a worker more than
   ``staleness_bound`` pushes ahead of the slowest worker waits.
-* ``hogwild``: each delta is added in place with no lock; pulls may observe a
-  partly applied update (lock-free, Hogwild!-style).
+* ``hogwild``: each dense delta is added in place with no lock; pulls may observe a
+  partly applied update (lock-free, Hogwild!-style). A table's rows are added under their
+  range's lock (below): Hogwild! assumes component-wise atomic additions, and a row's
+  gather-add-put without one loses a concurrent push's whole addition to that row, which
+  small, hot tables meet on nearly every push.
 
 Sparse tables (embedding matrices named by ``sparse``) live outside the
 snapshots, in one array each that is updated in place: a push carries only the
@@ -515,13 +518,15 @@ class ServerState:
         snap = self._current  # never replaced in hogwild mode: one set of live arrays
         for w, d in zip(snap.arrays, delta):
             np.add(w, d, out=w, casting="same_kind")  # no lock: concurrent adds and reads may interleave
-        self._add_rows(rows, locked=False)
+        if self.shards == 1 and rows:
+            with self._shard_locks[0]:  # the rows' lock only (not the state's): no row addition lost
+                self._add_rows(rows, locked=False)
         version = next(self._hog_versions)
         with self._cond:  # bookkeeping only
             snap.version = max(snap.version, version)
             self._count(worker, samples, max(0, version - 1 - base_version))
             reply = self._reply(want)
-        return self._sharded_rows({}, reply)
+        return self._sharded_rows(rows, reply)  # with shards, the rows are added here, range by range, under each range's lock
 
     def _push_sync(self, worker, delta, rows, samples, want):
         with self._cond:

@@ -133,6 +133,34 @@ def test_hogwild_adds_in_place_without_losing_updates_sequentially():
     assert np.all(s.snapshot()[0] == 5) and s.stats.updates == 5
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_hogwild_pushes_from_many_threads_lose_no_row_addition(shards):
+    """Hogwild! assumes component-wise atomic additions: concurrent pushes to the same rows of a table all land."""
+    from sparkdl_train.ps.state import SparseRows
+
+    s = ServerState([np.zeros((6, 4), np.float32), np.zeros(2, np.float32)], "hogwild", sparse=[0], shards=shards)
+    ids, pushes, threads = np.array([0, 2, 3, 5]), 400, 4
+
+    def worker(w):
+        for _ in range(pushes):
+            s.release(s.push(w, 0, [SparseRows(ids, np.ones((4, 4), np.float32)), np.zeros(2, np.float32)], 1))
+
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two numpy calls, as a busy server's do now and then
+    try:
+        ts = [threading.Thread(target=worker, args=(w,)) for w in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    table = s.snapshot()[0]
+    assert np.all(table[ids] == pushes * threads) and np.all(table[[1, 4]] == 0)
+
+
 def test_bad_deltas_are_rejected():
     s = ServerState(W, "asynchronous")
     with pytest.raises(ValueError, match="1 arrays, the model has 2"):
