@@ -57,12 +57,12 @@ from .stream_ids import IdTables, Reset, reset_rows
 log = logging.getLogger(__name__)
 
 LATEST = "LATEST"
+_KEEP_STATS = 100  # the engine's per-pass stats kept in sm.stats.epochs (a stream has no last epoch)
 _CANCEL_WAIT = 60.0  # seconds a timed-out micro-batch gets to end once its jobs are cancelled
 
 
 class _Stuck(BatchTimeout):
     """A timed-out micro-batch that did not end once cancelled: not retried (its thread still holds the model)."""
-_KEEP_STATS = 100  # the engine's per-pass stats kept in sm.stats.epochs (a stream has no last epoch)
 
 
 @dataclass
@@ -419,8 +419,9 @@ class _Trainer:
         fs, folder = FileSystem(self.sc), join(self.location, "model")
         name = f"ids-{self.trained:06d}.bin"
         fs.write_bytes(join(folder, name), self.ids.encode())
-        old = join(folder, f"ids-{self.trained - 3:06d}.bin")  # the checkpointer keeps two states; one more for safety
-        if self.trained > 3 and fs.exists(old):
+        gone = self.trained - self.checkpointer.keep - 1  # the ids of the states the checkpointer keeps, and one more
+        old = join(folder, f"ids-{gone:06d}.bin")
+        if gone > 0 and fs.exists(old):
             fs.delete(old)
         return name
 

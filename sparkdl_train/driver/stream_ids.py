@@ -133,19 +133,13 @@ class IdTables:
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
-        self.check(df)
-        resets, report = [], {}
+        resets, report = [], {}  # df's columns were checked on the stream's (start: IdTables.check)
         types = {f.name: f.dataType for f in df.schema.fields}
         for s in self.specs:
             col = F.explode(F.col(s.column)) if isinstance(types[s.column], T.ArrayType) else F.col(s.column)
             counted = df.select(col.cast("long").alias("id")).where(F.col("id").isNotNull()).groupBy("id").count()
-            table = counted.toArrow() if hasattr(counted, "toArrow") else None
-            if table is not None:
-                values = table.column("id").to_numpy()
-                counts = table.column("count").to_numpy()
-            else:
-                pdf = counted.toPandas()
-                values, counts = pdf["id"].to_numpy(), pdf["count"].to_numpy()
+            table = counted.toArrow()
+            values, counts = table.column("id").to_numpy(), table.column("count").to_numpy()
             ids = self.tables[s.column]
             seen = ids.observe_counts(values, counts)
             if len(seen.reassigned):
@@ -158,11 +152,7 @@ class IdTables:
         """``df`` with each id column's ids replaced by their rows (same types); the broadcast to release after."""
         columns = [s.column for s in self.specs]
         shared = df.sparkSession.sparkContext.broadcast([self.tables[c].table for c in columns])
-
-        def fn(batches: Any) -> Any:
-            return map_batches(batches, columns, shared)
-
-        return df.mapInArrow(fn, df.schema), shared
+        return _map_columns(df, columns, shared), shared
 
 
 def reset_rows(model: Any, resets: Sequence[Reset]) -> None:
@@ -199,10 +189,14 @@ def map_ids(df: Any, tables: dict[str, DynamicIds]) -> Any:
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise DataError(f"map_ids: the DataFrame lacks the id columns {missing} (columns: {df.columns})")
-    shared = [tables[c].table for c in columns]
+    return _map_columns(df, columns, [tables[c].table for c in columns])
+
+
+def _map_columns(df: Any, columns: list[str], tables: Any) -> Any:
+    """``df`` with ``columns`` mapped on the executors by ``tables`` (a broadcast or a list of ``(keys, rows)``)."""
 
     def fn(batches: Any) -> Any:
-        return map_batches(batches, columns, shared)
+        return map_batches(batches, columns, tables)
 
     return df.mapInArrow(fn, df.schema)
 

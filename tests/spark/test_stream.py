@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import dies_after_commit
 from pyspark.errors import StreamingQueryException
 
 from sparkdl_train import SparkModel, load_latest, load_spark_model
@@ -129,27 +130,14 @@ def uninterrupted(spark, planted, tmp_path_factory):
     return _weights(sm.model)
 
 
-class _CrashAfterCommit(Exception):
-    pass
-
-
 def test_a_restarted_query_trains_no_micro_batch_twice_and_skips_none(spark, planted, tmp_path, uninterrupted, monkeypatch):
     """The query dies twice: after the model's commit of micro-batch 1 but before Spark's (Spark replays it on
     restart: skipped, its id committed), and inside micro-batch 3's pass with no retries left (Spark replays it:
     trained, from micro-batch 2's commit). The model ends equal to the uninterrupted run's."""
     location = tmp_path / "ckpt"
-    save = stream.Checkpointer.save
-
-    def save_then_die(self, model, done, logs, info=None):
-        path = save(self, model, done, logs, info)
-        if info and info.get("batch_id") == 1:
-            raise _CrashAfterCommit("the driver dies after the model's commit of micro-batch 1")
-        return path
-
-    monkeypatch.setattr(stream.Checkpointer, "save", save_then_die)
-    _, first = _run(spark, planted, location)
+    with dies_after_commit(monkeypatch, 1):
+        _, first = _run(spark, planted, location)
     assert first.exception() is not None and "micro-batch 1" in str(first.exception())
-    monkeypatch.setattr(stream.Checkpointer, "save", save)
 
     class DieInPass(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):

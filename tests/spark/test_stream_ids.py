@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import dies_after_commit
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from sparkdl_train import DynamicTable, SparkModel, load_latest, map_ids
-from sparkdl_train.driver import stream
 from sparkdl_train.errors import ConfigError, DataError
 from sparkdl_train.model_io import get_state
 
@@ -120,25 +120,12 @@ def _weights(model):
     return [np.asarray(w) for w in get_state(model)]
 
 
-class _Crash(Exception):
-    pass
-
-
 def test_a_restarted_query_with_dynamic_ids_ends_with_the_uninterrupted_tables_and_weights(spark, churn, dynamic, tmp_path,
                                                                                           monkeypatch):
     ref, whole, _ = dynamic
-    save = stream.Checkpointer.save
-
-    def save_then_die(self, model, done, logs, info=None):
-        path = save(self, model, done, logs, info)
-        if info and info.get("batch_id") == 3:
-            raise _Crash("the driver dies after the model's commit of micro-batch 3")
-        return path
-
-    monkeypatch.setattr(stream.Checkpointer, "save", save_then_die)
-    _, first = _run(spark, churn, tmp_path / "ckpt")
+    with dies_after_commit(monkeypatch, 3):
+        _, first = _run(spark, churn, tmp_path / "ckpt")
     assert "micro-batch 3" in str(first.exception())
-    monkeypatch.setattr(stream.Checkpointer, "save", save)
     sm, second = _run(spark, churn, tmp_path / "ckpt")
     assert [(b.batch_id, b.skipped) for b in second.batches][:2] == [(3, "committed"), (4, None)]
     got, want = second._trainer.ids.tables["item"], whole._trainer.ids.tables["item"]

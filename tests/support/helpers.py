@@ -206,3 +206,28 @@ def spark_jobs(sc):
         opt = lambda o: o.get() if o.isDefined() else None  # noqa: E731
         out.append((j.jobId(), opt(j.description()), opt(j.jobGroup())))
     return [(d, g) for _, d, g in sorted(out, key=lambda t: t[0])]
+
+
+class DriverDied(Exception):
+    """Raised by :func:`dies_after_commit` in place of a driver that dies."""
+
+
+@contextlib.contextmanager
+def dies_after_commit(monkeypatch, batch_id):
+    """While inside, a fit_stream query "dies" right after the model's commit of micro-batch ``batch_id`` and
+    before Spark's (the checkpointer's save raises once it has written): Spark replays that micro-batch on restart."""
+    from sparkdl_train.driver import stream
+
+    save = stream.Checkpointer.save
+
+    def save_then_die(self, model, done, logs, info=None):
+        path = save(self, model, done, logs, info)
+        if info and info.get("batch_id") == batch_id:
+            raise DriverDied(f"the driver dies after the model's commit of micro-batch {batch_id}")
+        return path
+
+    monkeypatch.setattr(stream.Checkpointer, "save", save_then_die)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(stream.Checkpointer, "save", save)
