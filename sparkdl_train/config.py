@@ -276,7 +276,7 @@ class CoreConfig(_Group):
     num_workers: int | None = setting(
         "numWorkers", None, Int(1, optional=True), "Training partitions (default: the cluster's default parallelism, "
         "or the barrier slots for 'allreduce').")
-    seed: int = setting("seed", 0, Int(), "Seeds shuffling and the validation split.")
+    seed: int = setting("seed", 0, Int(), "Seeds shuffling, the validation split and each task's random layers (dropout, noise).")
     worker_threads: int | None = setting(
         "worker.threads", None, Int(1, optional=True),
         "TensorFlow threads per worker (default: cores / workers in local mode, spark.task.cpus on a cluster).")

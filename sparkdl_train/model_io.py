@@ -27,7 +27,7 @@ import threading
 import types
 import zipfile
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -608,6 +608,25 @@ def state_variables(model: Any) -> list:
 def variable_roles(variables: Any) -> list[Role]:
     """Each variable's :class:`~sparkdl_train.roles.Role` (weight, statistic, discrete, random)."""
     return [role(v.dtype, bool(getattr(v, "trainable", False)), getattr(v, "path", "") or "") for v in variables]
+
+
+def seed_random_state(model: Any, key: Sequence[int]) -> int:
+    """Give every random generator the model holds (``keras.random.SeedGenerator``: ``Dropout``'s,
+    ``GaussianNoise``'s, a random augmentation layer's) a state drawn from ``key`` (the fit's seed,
+    the epoch, the partition), so that a task's dropout masks and noise depend on what it trains and
+    not on which Python worker ran it or what that worker ran before; returns how many it seeded.
+    A generator's state is ``[seed, counter]``: the seed drawn, the counter from zero."""
+    variables = [v for v, r in zip(model.variables, variable_roles(model.variables)) if r is Role.RANDOM]
+    if not variables:
+        return 0
+    rng = np.random.default_rng([int(k) for k in key])
+    arrays = []
+    for v in variables:
+        a = np.zeros(tuple(v.shape), dtype=np.dtype(getattr(v.dtype, "name", v.dtype)))
+        a.flat[0] = rng.integers(1, 2**31 - 1)
+        arrays.append(a)
+    backend.current().assign_values(variables, arrays)
+    return len(variables)
 
 
 def exchanged_positions(model: Any) -> list[int]:

@@ -19,7 +19,8 @@ role           what it is                                       how the engines 
                the optimizer's ``iteration``)                   every worker starts from the driver's value; what
                                                                 comes back is merged by maximum (a counter that
                                                                 advanced on any worker advances)
-``random``     a random generator's state (``SeedGenerator``)   per process: never sent, never merged
+``random``     a random generator's state (``SeedGenerator``)   never sent, never merged: each task sets it from
+                                                                ``(seed, epoch, partition)``
 =============  ===============================================  ================================================
 
 :func:`role` decides from a variable's dtype, trainability and path; :func:`exchanged` lists the

@@ -22,7 +22,7 @@ from ..data.batching import Batch, rebatch
 from ..data.finite import Screen
 from ..data.prefetch import prefetch
 from ..merge import Partial, WeightedMean
-from ..model_io import get_metric_state, get_state, set_state, set_weights
+from ..model_io import get_metric_state, get_state, seed_random_state, set_state, set_weights
 from . import gpu, runtime
 from .report import Reporter, ReportSettings
 from .steps import predict_batches, run_steps
@@ -173,7 +173,8 @@ class PartitionPass:
     """One task's pass over its partition: the skeleton every engine's worker task shares.
 
     It loads the model (rebuilt once per Python worker, see :mod:`.runtime`) with the driver's
-    broadcast state, resets its metrics, seeds shuffling by ``(seed, epoch, partition)``, screens
+    broadcast state, resets its metrics, seeds shuffling and the model's random generators (dropout,
+    noise) by ``(seed, epoch, partition)``, screens
     non-finite rows (:mod:`sparkdl_train.data.finite`), re-batches and prefetches the stream
     (:meth:`batches`), reports live progress (:attr:`reporter`) and assembles the partition's
     statistics (:meth:`info`). An engine's task supplies only its step strategy: local steps
@@ -194,7 +195,9 @@ class PartitionPass:
         self.tally: dict[str, int] = {}  # run_steps' calls of the compiled step (StepSettings.group batches each)
         self.model = _model(payload, state, settings, device, self.startup)
         self.model.reset_metrics()  # metrics accumulate from zero over this partition
-        self.rng = np.random.default_rng([settings.seed, epoch, partition]) if epoch is not None else None
+        self.rng = None
+        if epoch is not None:
+            self._seed(epoch)
         self.screen = Screen(settings.nan_policy, partition, self.model)
         self.reporter = Reporter(report, partition)  # no settings: reports nothing
 
@@ -207,9 +210,17 @@ class PartitionPass:
         self.startup = {"model_cached": True}
         self.tally = {}
         self.model.reset_metrics()
-        self.rng = np.random.default_rng([self.settings.seed, epoch, self.partition])
+        self._seed(epoch)
         self.screen = Screen(self.settings.nan_policy, self.partition, self.model)
         self.reporter = Reporter(report, self.partition)
+
+    def _seed(self, epoch: int) -> None:
+        """The epoch's shuffle and the model's random draws, from ``(seed, epoch, partition)``: the
+        same fit with the same seed draws the same dropout masks on any worker."""
+        key = [self.settings.seed, epoch, self.partition]
+        self.rng = np.random.default_rng(key)
+        if self.training:
+            seed_random_state(self.model, key)
 
     def batches(self, chunks: Iterable[Batch], tap: Callable[[Iterable[Batch]], Iterable[Batch]] | None = None) -> Iterable[Batch]:
         """The partition's batches, read ahead on a thread; ``tap`` sees each batch on that thread

@@ -117,7 +117,7 @@ def test_functional_model(spark_context, classification_model_functional, mnist_
     prediction = fitted_pipeline.transform(test_df)
     pnl = prediction.select("label", argmax("prediction").astype(DoubleType()).alias("prediction"))
     metrics = MulticlassMetrics(pnl.rdd.map(lambda row: (row.label, row.prediction)))
-    assert metrics.accuracy > 0.8  # added (single-process Keras: ~0.93 after 5 epochs)
+    assert metrics.accuracy > 0.8  # added (0.85; single-process Keras from the same weights: 0.84)
 
 
 def _regression_estimator(model, **cols):

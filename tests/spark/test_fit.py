@@ -272,6 +272,29 @@ def test_second_fit_in_same_session_continues_from_trained_weights(sc, digits):
     assert model.optimizer.iterations.numpy() > 0
 
 
+@pytest.mark.parametrize("mode", ["synchronous", "allreduce"])
+def test_dropout_draws_follow_the_seed_not_the_python_worker(sc, digits, mode):
+    """A model with Dropout fitted three times from the same weights on the same (reused) Python
+    workers: the same seed gives the same weights bit for bit (each task's dropout masks come from
+    (seed, epoch, partition), not from what the worker built or drew before), another seed others."""
+    x, y, _, _ = digits
+    rdd = to_simple_rdd(sc, x[:512], y[:512], 2)
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((64,))
+    hidden = keras.layers.Dropout(0.3)(keras.layers.Dense(32, activation="relu")(inputs))
+    base = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(hidden))
+    fits = []
+    for seed in (3, 3, 4):
+        model = keras.models.clone_model(base)
+        model.set_weights(base.get_weights())
+        model.compile("sgd", "sparse_categorical_crossentropy")
+        SparkModel(model, mode=mode, num_workers=2, seed=seed).fit(rdd, epochs=2, batch_size=32, verbose=0)
+        fits.append(model.get_weights())
+    for a, b in zip(fits[0], fits[1]):
+        np.testing.assert_array_equal(a, b)
+    assert not all(np.array_equal(a, b) for a, b in zip(fits[0], fits[2]))
+
+
 def test_callbacks_get_aggregated_epoch_logs_and_can_stop_training(digits):
     x, y, xt, yt = digits
 
