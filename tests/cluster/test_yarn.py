@@ -373,42 +373,6 @@ def test_the_yarn_notebook_runs_in_jupyterlab_as_a_person_sees_it(yarn, tmp_path
     assert killed == [], killed  # the kernel ended with the server
 
 
-def test_an_executor_that_yarn_grants_late_is_waited_for_and_one_never_granted_fails_the_fit_clearly(yarn, tmp_path):
-    """One NodeManager has no room (its resources set to 0 MB, as when other applications fill its queue): YARN
-    grants the application one executor of two and holds the other. A synchronous fit (each round needs both
-    workers at once) waits for the missing one, then fails with a ConfigError naming what it needs and what the
-    cluster offers, in bounded time; once the node has room again (the test gives it back when the job says it
-    starts its next fit), YARN grants the held executor and the next fit waits for it and trains on both nodes."""
-    out = tmp_path / "late"
-    nodes = {n["index"]: n for n in yarn.cluster.nodes()}
-    full = max(nodes)  # the AM and the first executor go to the other node
-    restored = []
-
-    def give_room_back(line, app):
-        if not restored and line.startswith("LATE WAITING"):
-            yarn.cluster.command(f"node-resource {full} {nodes[full]['total_mb']} 4")
-            restored.append(time.monotonic())
-
-    yarn.cluster.command(f"node-resource {full} 0 0")
-    try:
-        conf = "--conf spark.sparkdl_train.executors.registrationTimeout=10 --conf spark.sparkdl_train.ps.connectTimeout=30"
-        code, text = _yarn_jobs(yarn, f"late --data hdfs:///data/ctr --epochs 2 --output {out}", give_room_back, conf=conf)
-    finally:
-        if not restored:
-            yarn.cluster.command(f"node-resource {full} {nodes[full]['total_mb']} 4")
-    assert code == 0 and restored, text[-6000:]
-    with open(out / "late.json") as f:
-        r = json.load(f)
-    assert r["executors_at_start"] == 1, r
-    held, granted = r["held"], r["granted"]
-    assert held["error"].startswith("ConfigError: mode='synchronous'") and "needs its 2 workers running at once" in held["error"], held
-    assert "the cluster offers 1" in held["error"] and 30 <= held["seconds"] < 75, held
-    assert granted["error"] is None, granted["error"]
-    assert_ran_in_containers(granted, yarn)  # both nodes: the held executor came and was used
-    assert granted["auc"] > 0.83, granted["auc"]
-    assert {n["node"]: n["total_mb"] for n in yarn.cluster.nodes()} == {n["node"]: n["total_mb"] for n in nodes.values()}
-
-
 DYNAMIC_ALLOCATION = {  # one executor to start with, two at most; idle ones (nothing cached, no live shuffle) released
     "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
     "spark.dynamicAllocation.shuffleTracking.timeout": "5s", "spark.executor.instances": "1",
@@ -447,29 +411,69 @@ def test_fits_under_dynamic_allocation_use_the_executors_that_come_and_go_and_al
     assert "spark.dynamicAllocation.enabled=true" in r["allreduce"]["error"] and r["allreduce"]["seconds"] < 30, r["allreduce"]
 
 
-def test_a_nodemanager_lost_mid_fit_costs_its_containers_not_the_fit(yarn, tmp_path):
-    """The NodeManager of one executor (not the ApplicationMaster's) stopped in the second epoch of an
-    asynchronous fit (tests/scripts/yarn_jobs.py lost-node): its container dies with it, the lost tasks run
-    again on the surviving executor (YARN's replacement comes later than these short epochs end), and the fit
-    trains every row of every epoch and ends near the Bayes-optimal AUC with its last epoch on the surviving
-    node only. Last in this module: the node stays lost."""
-    out = tmp_path / "lost_node"
-    nodes = {n["index"]: n["node"] for n in yarn.cluster.nodes()}
-    lost = []
+@pytest.fixture(scope="module")
+def late_then_lost_node(yarn, tmp_path_factory):
+    """tests/scripts/yarn_jobs.py late, then its lost-node fit, in one application (last in this module: the node
+    stays lost). Submitted while one NodeManager has no room (its resources set to 0 MB, as when other
+    applications fill its queue), given back when the job says it starts its next fit; in the second epoch of the
+    lost-node fit, the NodeManager of one executor (not the ApplicationMaster's) is stopped."""
+    out = tmp_path_factory.mktemp("late")
+    nodes = {n["index"]: n for n in yarn.cluster.nodes()}
+    full = max(nodes)  # the AM and the first executor go to the other node
+    seen = {"restored": None, "lost": None, "resources": None}
 
-    def stop_a_node(line, app):
-        if not lost and line.startswith("Epoch 2/4"):
+    def on_line(line, app):
+        if seen["restored"] is None and line.startswith("LATE WAITING"):
+            yarn.cluster.command(f"node-resource {full} {nodes[full]['total_mb']} 4")
+            seen["restored"] = time.monotonic()
+        if seen["resources"] is None and line.startswith("LOST NODE FIT"):
+            seen["resources"] = {n["node"]: n["total_mb"] for n in yarn.cluster.nodes()}
+        if seen["lost"] is None and seen["resources"] is not None and line.startswith("Epoch 2/4"):
             (am_log,) = [d for d in _container_dirs(yarn, f"container_{app.split('_', 1)[1]}_01_000001") if "logDir" in d]
             am_index = int(re.search(r"yarn-logDir-nm-(\d+)_", am_log).group(1))
             victim = next(i for i in nodes if i != am_index)
             yarn.cluster.command(f"stop-nm {victim}")
-            lost.append(nodes[victim])
+            seen["lost"] = nodes[victim]["node"]
 
-    code, text = _yarn_jobs(yarn, f"lost-node --data hdfs:///data/ctr --epochs 4 --output {out}", stop_a_node)
-    assert lost and code == 0, text[-6000:]
-    lost = lost[0]
+    yarn.cluster.command(f"node-resource {full} 0 0")
+    try:
+        conf = "--conf spark.sparkdl_train.executors.registrationTimeout=10 --conf spark.sparkdl_train.ps.connectTimeout=30"
+        code, text = _yarn_jobs(yarn, f"late --data hdfs:///data/ctr --epochs 2 --lost-node-epochs 4 --output {out}", on_line,
+                                conf=conf)
+    finally:
+        if seen["restored"] is None:
+            yarn.cluster.command(f"node-resource {full} {nodes[full]['total_mb']} 4")
+    assert code == 0 and seen["restored"] and seen["lost"], text[-6000:]
+    with open(out / "late.json") as f:
+        late = json.load(f)
     with open(out / "lost_node.json") as f:
-        s = json.load(f)
+        lost = json.load(f)
+    return {"late": late, "lost_node": lost, "lost": seen["lost"], "resources": seen["resources"],
+            "resources_before": {n["node"]: n["total_mb"] for n in nodes.values()}}
+
+
+def test_an_executor_that_yarn_grants_late_is_waited_for_and_one_never_granted_fails_the_fit_clearly(yarn, late_then_lost_node):
+    """YARN grants the application one executor of two and holds the other. A synchronous fit (each round needs
+    both workers at once) waits for the missing one, then fails with a ConfigError naming what it needs and what
+    the cluster offers, in bounded time; once the node has room again, YARN grants the held executor and the next
+    fit waits for it and trains on both nodes."""
+    r = late_then_lost_node["late"]
+    assert r["executors_at_start"] == 1, r
+    held, granted = r["held"], r["granted"]
+    assert held["error"].startswith("ConfigError: mode='synchronous'") and "needs its 2 workers running at once" in held["error"], held
+    assert "the cluster offers 1" in held["error"] and 30 <= held["seconds"] < 75, held
+    assert granted["error"] is None, granted["error"]
+    assert_ran_in_containers(granted, yarn)  # both nodes: the held executor came and was used
+    assert granted["auc"] > 0.83, granted["auc"]
+    assert late_then_lost_node["resources"] == late_then_lost_node["resources_before"]  # the node's room given back
+
+
+def test_a_nodemanager_lost_mid_fit_costs_its_containers_not_the_fit(yarn, late_then_lost_node):
+    """The NodeManager of one executor stopped in the second epoch of an asynchronous fit: its container dies
+    with it, the lost tasks run again on the surviving executor (YARN's replacement comes later than these short
+    epochs end), and the fit trains every row of every epoch and ends near the Bayes-optimal AUC with its last
+    epoch on the surviving node only."""
+    lost, s = late_then_lost_node["lost"], late_then_lost_node["lost_node"]
     epochs = s["epochs"]
     assert len(epochs) == 4, epochs
     assert lost in epochs[0]["nodemanagers"] and len(epochs[0]["nodemanagers"]) == 2, (lost, epochs[0])

@@ -9,13 +9,13 @@ application: the containers start and import TensorFlow once for all).
 -kill``) during a long fit: the fit fails, and this process stays alive to report how long the failure
 took, its message, and which of the fit's threads and listening sockets are left (``<output>/killed.json``).
 
-``lost-node``: an asynchronous fit during which the test stops the NodeManager of one executor: where each
-epoch's tasks ran and the held-out AUC (``<output>/lost_node.json``).
-
 ``late``: submitted while one NodeManager has no room, so that YARN grants one of the two executors and holds
 the other: a synchronous fit (its rounds need both workers at once) started then, and another once the test
 gave the node its room back (``LATE WAITING`` tells it when); each fit's outcome, how long it took and where
-it ran (``<output>/late.json``).
+it ran (``<output>/late.json``). Then, on the two executors it ends with (``LOST NODE FIT`` says when it
+starts), an asynchronous fit of ``--lost-node-epochs`` during which the test stops the NodeManager of one
+executor: where each epoch's tasks ran and the held-out AUC (``<output>/lost_node.json``); one application for
+both, as the containers' start is most of each one's time.
 
 ``elastic``: submitted under dynamic allocation (one executor at first, two at most, idle ones released), its
 data uncached: an asynchronous fit of four workers that starts on one executor and gets a second while its
@@ -132,16 +132,15 @@ def killed(spark, args, out_dir: str) -> None:
         json.dump(out, f, indent=2)
 
 
-def lost_node(spark, args, out_dir: str) -> None:
+def lost_node(spark, train, test, model, epochs: int, out_dir: str) -> None:
     """An asynchronous fit during which the test stops a NodeManager: where each epoch's tasks ran, the
     rows each epoch trained on, and the held-out AUC at the end."""
     from sparkdl_train import SparkModel
     from sparkdl_train.driver.submit import where_it_ran
 
-    train, test, model = features(spark, args.data)
     sm = SparkModel(model, mode="asynchronous", frequency=4, num_workers=2)
-    print(f"APPLICATION {spark.sparkContext.applicationId}", flush=True)
-    sm.fit(train, epochs=args.epochs, batch_size=512, verbose=1, **COLUMNS)
+    print("LOST NODE FIT", flush=True)
+    sm.fit(train, epochs=epochs, batch_size=512, verbose=1, **COLUMNS)
     logs = sm.evaluate(test, batch_size=4096, return_dict=True, **COLUMNS)
     out = {**where_it_ran(spark, sm.stats), "auc": logs["auc"], "train_rows": train.count(),
            "epochs": [{"samples": e.samples,
@@ -173,6 +172,8 @@ def late(spark, args, out_dir: str) -> None:
         out[name]["seconds"] = time.monotonic() - started
     with open(os.path.join(out_dir, "late.json"), "w") as f:
         json.dump(out, f, indent=2)
+    if args.lost_node_epochs:
+        lost_node(spark, train, test, new_model(first.get_layer("field_embedding").input_dim), args.lost_node_epochs, out_dir)
 
 
 def executor_timeline(sc) -> dict[str, dict]:
@@ -286,11 +287,12 @@ def memory(spark, args, out_dir: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["engines", "killed", "lost-node", "late", "memory", "elastic"])
+    p.add_argument("what", choices=["engines", "killed", "late", "memory", "elastic"])
     p.add_argument("--data", required=True)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--output", required=True)
     p.add_argument("--embedding-rows", type=int, default=4_000_000)
+    p.add_argument("--lost-node-epochs", type=int, default=0, help="late: then a fit that loses a node (0: none)")
     args = p.parse_args()
     if args.what == "memory":  # its own start_job is under test
         from sparkdl_train.driver.submit import submitted_session
@@ -301,7 +303,7 @@ def main() -> None:
         spark.stop()
         return
     spark, _, out_dir = start_job(f"sparkdl_train-yarn-{args.what}", args.output)
-    {"engines": engines, "killed": killed, "lost-node": lost_node, "late": late, "elastic": elastic}[args.what](spark, args, out_dir)
+    {"engines": engines, "killed": killed, "late": late, "elastic": elastic}[args.what](spark, args, out_dir)
     if args.what != "killed":
         spark.stop()
 
