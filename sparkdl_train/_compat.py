@@ -44,9 +44,31 @@ def symbolic_build(model: Any, batch: Any) -> None:
     strategy = getattr(model, "distribute_strategy", None)  # TensorFlow's; JAX models have none
     try:
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            build(data_batch=batch)
+            build(data_batch=_string_specs(batch))
     except Exception as exc:  # noqa: BLE001 - its first step builds it, or fails with the real error
         log.debug("symbolic build of %s failed, left to the first step: %s", getattr(model, "name", model), exc)
+
+
+class _StringSpec:
+    """A string column's shape and Keras' dtype for it, where its numpy array says ``object``."""
+
+    def __init__(self, shape: tuple) -> None:
+        self.shape, self.dtype = shape, "string"
+
+
+def _string_specs(batch: Any) -> Any:
+    """``batch`` with its arrays of strings (numpy's object, bytes and str dtypes, which Keras' symbolic
+    inputs refuse: "Invalid dtype: object") as string specs of their shape: a model fed a text column
+    (``TextVectorization``, ``StringLookup``) builds symbolically like any other."""
+    import numpy as np
+
+    if isinstance(batch, dict):
+        return {k: _string_specs(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_string_specs(v) for v in batch)
+    if isinstance(batch, np.ndarray) and batch.dtype.kind in "OSU":
+        return _StringSpec(batch.shape)
+    return batch
 
 
 def compiled_metrics_built(model: Any) -> bool:

@@ -227,6 +227,29 @@ def test_a_dataframe_fit_trains_on_models_its_prepare_job_built_and_traced(spark
         assert values == pytest.approx(runs[False][1][key], rel=1e-6), key
 
 
+def test_a_model_fed_a_text_column_is_traced_by_the_prepare_job_too(spark):
+    """A string column (a StringLookup's input): its zero-row batch is a numpy object array, which Keras'
+    symbolic build refuses; the prepare job still builds the metrics and traces the step, and the first epoch's
+    tasks on the prepared workers trace nothing (they traced for seconds before: the prepare was skipped)."""
+    import keras
+    import pandas as pd
+
+    rng = np.random.default_rng(5)
+    city = rng.choice(["paris", "oslo", "rome", "lima"], 400)
+    df = spark.createDataFrame(pd.DataFrame({"city": city, "label": (city == "oslo").astype("float64")})).repartition(2)
+    text = keras.Input((1,), dtype="string", name="city")
+    hot = keras.layers.StringLookup(vocabulary=["paris", "oslo", "rome", "lima"], output_mode="one_hot")(text)
+    model = keras.Model(text, keras.layers.Dense(1, activation="sigmoid")(keras.layers.Flatten()(hot)))
+    model.compile(keras.optimizers.Adam(0.1), "binary_crossentropy", metrics=["accuracy"])
+    sm = SparkModel(model, num_workers=2, worker_threads=1)
+    hist = sm.fit(df, epochs=3, batch_size=32, verbose=0, feature_cols="city", label_col="label")
+    stats = sm.stats.prepare
+    assert stats["errors"] == 0 and stats["traced"] >= 1 and stats["kinds"] == ["train"], stats
+    for info in _first_epoch_on_prepared_workers(sm):
+        assert info["startup"]["model_cached"] is True and info["startup"]["traced"] is False, info["startup"]
+    assert hist.history["accuracy"][-1] == 1.0
+
+
 def test_a_signature_the_data_does_not_have_costs_the_prepared_models_not_the_metrics(spark, digits, monkeypatch):
     from sparkdl_train.data import adapters
 

@@ -37,6 +37,19 @@ def test_symbolic_build_builds_the_compiled_metrics_before_any_step():
     assert len(model.metrics_variables) == before + 2, "the accuracy metric was not built from the batch"
 
 
+def test_symbolic_build_takes_a_string_column_as_its_numpy_array_of_objects():
+    """A zero-row batch of a text column is a numpy object array (what the prepare task traces from): the
+    model's compiled metrics build from it, where Keras' own symbolic inputs refuse "Invalid dtype: object"."""
+    text = keras.Input((1,), dtype="string", name="city")
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b"], output_mode="one_hot")(text)
+    model = keras.Model(text, keras.layers.Dense(1, activation="sigmoid")(keras.layers.Flatten()(lookup)))
+    model.compile("sgd", "binary_crossentropy", metrics=["accuracy"])
+    batch = np.empty((0, 1), dtype=object), np.zeros((0, 1), "float32"), None
+    _compat.symbolic_build(model, batch)
+    assert _compat.compiled_metrics_built(model)
+    assert isinstance(batch[0], np.ndarray) and batch[0].dtype == object  # the caller's batch is left as it was
+
+
 def test_compute_loss_and_loss_tracker_match_train_step():
     model = _model()
     x, y, w = _batch()
