@@ -252,14 +252,14 @@ public class MiniHadoop {
   public static class NioRawLocalFileSystem extends RawLocalFileSystem {
     @Override
     public void setPermission(Path p, FsPermission permission) throws IOException {
-      Set<PosixFilePermission> perms = EnumSet.noneOf(PosixFilePermission.class);
-      add(perms, permission.getUserAction(), PosixFilePermission.OWNER_READ, PosixFilePermission.OWNER_WRITE, PosixFilePermission.OWNER_EXECUTE);
-      add(perms, permission.getGroupAction(), PosixFilePermission.GROUP_READ, PosixFilePermission.GROUP_WRITE, PosixFilePermission.GROUP_EXECUTE);
-      add(perms, permission.getOtherAction(), PosixFilePermission.OTHERS_READ, PosixFilePermission.OTHERS_WRITE, PosixFilePermission.OTHERS_EXECUTE);
       if (permission.getStickyBit()) {  // java.nio has no sticky bit: Hadoop's own way for the rare directory that has one
         super.setPermission(p, permission);
         return;
       }
+      Set<PosixFilePermission> perms = EnumSet.noneOf(PosixFilePermission.class);
+      add(perms, permission.getUserAction(), PosixFilePermission.OWNER_READ, PosixFilePermission.OWNER_WRITE, PosixFilePermission.OWNER_EXECUTE);
+      add(perms, permission.getGroupAction(), PosixFilePermission.GROUP_READ, PosixFilePermission.GROUP_WRITE, PosixFilePermission.GROUP_EXECUTE);
+      add(perms, permission.getOtherAction(), PosixFilePermission.OTHERS_READ, PosixFilePermission.OTHERS_WRITE, PosixFilePermission.OTHERS_EXECUTE);
       Files.setPosixFilePermissions(pathToFile(p).toPath(), perms);
     }
 

@@ -62,13 +62,12 @@ def _string_specs(batch: Any) -> Any:
     (``TextVectorization``, ``StringLookup``) builds symbolically like any other."""
     import numpy as np
 
-    if isinstance(batch, dict):
-        return {k: _string_specs(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_string_specs(v) for v in batch)
-    if isinstance(batch, np.ndarray) and batch.dtype.kind in "OSU":
-        return _StringSpec(batch.shape)
-    return batch
+    from .trees import tree_map
+
+    def spec(leaf: Any) -> Any:
+        return _StringSpec(leaf.shape) if isinstance(leaf, np.ndarray) and leaf.dtype.kind in "OSU" else leaf
+
+    return tree_map(spec, batch)
 
 
 def compiled_metrics_built(model: Any) -> bool:

@@ -616,7 +616,8 @@ def seed_random_state(model: Any, key: Sequence[int]) -> int:
     the epoch, the partition), so that a task's dropout masks and noise depend on what it trains and
     not on which Python worker ran it or what that worker ran before; returns how many it seeded.
     A generator's state is ``[seed, counter]``: the seed drawn, the counter from zero."""
-    variables = [v for v, r in zip(model.variables, variable_roles(model.variables)) if r is Role.RANDOM]
+    every = model.variables  # a walk of the model's layers: once
+    variables = [v for v, r in zip(every, variable_roles(every)) if r is Role.RANDOM]
     if not variables:
         return 0
     rng = np.random.default_rng([int(k) for k in key])

@@ -156,11 +156,12 @@ def late(spark, args, out_dir: str) -> None:
 
     print(f"APPLICATION {spark.sparkContext.applicationId}", flush=True)
     train, test, first = features(spark, args.data)
+    vocab = first.get_layer("field_embedding").input_dim
     out = {"executors_at_start": spark.sparkContext._jsc.sc().getExecutorIds().size()}
     for name in ("held", "granted"):
         if name == "granted":
             print("LATE WAITING", flush=True)  # the test gives the node its room back now
-        model = first if name == "held" else new_model(first.get_layer("field_embedding").input_dim)
+        model = first if name == "held" else new_model(vocab)
         sm = SparkModel(model, mode="synchronous", frequency=4, num_workers=2)
         started = time.monotonic()
         try:
@@ -173,7 +174,7 @@ def late(spark, args, out_dir: str) -> None:
     with open(os.path.join(out_dir, "late.json"), "w") as f:
         json.dump(out, f, indent=2)
     if args.lost_node_epochs:
-        lost_node(spark, train, test, new_model(first.get_layer("field_embedding").input_dim), args.lost_node_epochs, out_dir)
+        lost_node(spark, train, test, new_model(vocab), args.lost_node_epochs, out_dir)
 
 
 def executor_timeline(sc) -> dict[str, dict]:
