@@ -17,6 +17,7 @@ crash or a killed driver) it goes on where it stopped (``<output>/checkpoint``),
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -65,20 +66,6 @@ def events(spark, args):
     return ctr_features(rows, ctr.DENSE_COLS, ctr.CAT_COLS, args.buckets, ["id", "label", "p_true", "regime"])
 
 
-def lag(query, batch_id: int) -> tuple[bool, int | None]:
-    """Offsets micro-batch `batch_id` left behind the topic's end (Spark's Kafka source metric), from that batch's
-    own progress report: (False, None) while Spark has not posted it yet (it does so after the batch's sink returns)."""
-    for progress in reversed(query.recentProgress or []):
-        if progress.get("batchId") != batch_id:
-            continue
-        for source in progress.get("sources", []):
-            behind = (source.get("metrics") or {}).get("maxOffsetsBehindLatest")
-            if behind is not None:
-                return True, int(float(behind))
-        return True, None
-    return False, None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -98,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         feature_cols={"numeric": "numeric", "categorical": "categorical"}, label_col="label",
                         trigger={"availableNow": True} if args.trigger == "available-now" else args.trigger, prequential=True, publish_every=args.publish_every,
                         publish_dir=f"{output}/versions", query_name=f"stream_ctr:{args.topic}")
-    started, shown, lags, trained = time.monotonic(), 0, {}, 0
+    started, shown, trained = time.monotonic(), 0, 0
     try:
         while True:
             active = fit.isActive and time.monotonic() - started < args.timeout and (args.rows is None or trained < args.rows)
@@ -106,13 +93,12 @@ def main(argv: list[str] | None = None) -> int:
                 fit.awaitTermination(1.0)
             batches = [b for b in fit.batches if b.skipped or b.error or b.batch_id <= fit.committed]  # finished
             for b in batches[shown:]:
-                reported, lags[b.batch_id] = lag(fit.query, b.batch_id)
-                if not reported and active and fit.isActive:
-                    break  # its progress report comes a moment after the batch: print it then
+                if not b.reported and active and fit.isActive:
+                    break  # Spark's progress report (the lag) comes a moment after the batch: print it then
                 trained += b.rows if b.skipped is None and b.error is None else 0
                 auc = (b.prequential or {}).get("auc")
                 print(f"batch {b.batch_id}: {b.rows} rows in {b.seconds:.1f} s, prequential AUC "
-                      f"{'-' if auc is None else f'{auc:.4f}'}, lag {lags[b.batch_id]}, "
+                      f"{'-' if auc is None else f'{auc:.4f}'}, lag {b.lag}, "
                       f"version {b.version or '-'}{f', skipped ({b.skipped})' if b.skipped else ''}", flush=True)
                 shown += 1
             if not active:
@@ -125,10 +111,12 @@ def main(argv: list[str] | None = None) -> int:
                "application_id": spark.sparkContext.applicationId,
                "batches": [{"batch_id": b.batch_id, "rows": b.rows, "seconds": b.seconds, "attempts": b.attempts,
                             "skipped": b.skipped, "error": b.error, "version": b.version, "executors": b.executors,
-                            "prequential": b.prequential, "lag": lags.get(b.batch_id)} for b in fit.batches]}
+                            "prequential": b.prequential, "lag": b.lag} for b in fit.batches],
+               "progress": dataclasses.asdict(fit.progress(window=len(fit.batches) or 1))}
     from sparkdl_train.fs import FileSystem
 
     FileSystem(spark.sparkContext).replace_bytes(f"{output}/summary.json", json.dumps(summary, indent=1).encode())
+    print(f"progress: {fit.progress()}", flush=True)
     print(f"trained {trained} events in {len(summary['batches'])} micro-batches; last version {fit.version}; "
           f"summary in {output}/summary.json", flush=True)
     return 1 if error is not None else 0

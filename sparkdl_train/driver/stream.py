@@ -30,7 +30,7 @@ Model versions
     half-written version.
 
 Limits: a classic SparkSession (on Spark Connect, foreachBatch runs in a process of the server's);
-no validation data; a progress bar is not drawn (a log line per micro-batch, and ``StreamFit.batches``).
+no validation data; a progress bar is not drawn (a log line per micro-batch, ``StreamFit.batches``, ``StreamFit.progress()``).
 """
 
 from __future__ import annotations
@@ -81,9 +81,55 @@ class BatchRecord:
     version: int | None = None  # the model version published after it
     published_at: float | None = None  # when that version was in place (time.time()): freshness = this - event time
     executors: list[str] = field(default_factory=list)
+    # from Spark's progress report for the batch (posted a moment after the sink returns; None until then):
+    # offsets the source still held after it (Kafka's maxOffsetsBehindLatest; None where the source does not
+    # say, as the file source), and the rates Spark saw: rows arriving and rows the query processed, per second
+    reported: bool = False
+    lag: int | None = None
+    input_rows_per_second: float | None = None
+    processed_rows_per_second: float | None = None
     # dynamic_ids: per id column, the micro-batch's distinct ids, those admitted, rows given to new ids, ids waiting
     # for a row (the table full of recently seen ones) and ids holding a row after it
     ids: dict[str, dict[str, int]] | None = None
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """What a person watches on a running stream (:meth:`StreamFit.progress`): over the last ``window`` trained
+    micro-batches, rows trained per second of training and the prequential metrics' means; the newest lag
+    Spark reported; the committed batch and the newest version."""
+
+    trained_batches: int  # micro-batches this process trained
+    trained_rows: int
+    rows_per_second: float | None  # the window's rows over its micro-batches' seconds
+    lag: int | None  # offsets behind the source's end after the newest reported micro-batch (Kafka)
+    prequential: dict[str, float]  # each metric's mean over the window (with prequential=True)
+    committed: int
+    version: int | None
+    failed_attempts: int  # attempts that failed and were trained again, all micro-batches together
+
+    def __str__(self) -> str:
+        rate = "-" if self.rows_per_second is None else f"{self.rows_per_second:,.0f}"
+        metrics = " ".join(f"{k}={v:.4g}" for k, v in self.prequential.items())
+        return (f"{self.trained_batches} micro-batches, {self.trained_rows:,} rows, {rate} rows/s, lag "
+                f"{'-' if self.lag is None else self.lag}, committed {self.committed}, version {self.version or '-'}"
+                + (f", prequential {metrics}" if metrics else ""))
+
+
+def summarize(batches: Sequence[BatchRecord], committed: int, version: int | None, window: int = 10) -> StreamProgress:
+    """:class:`StreamProgress` of ``batches`` (pure: the records alone)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ConfigError(f"StreamFit.progress: window must be a positive integer, got {window!r}")
+    trained = [b for b in batches if b.skipped is None and b.error is None and b.attempts]
+    recent = trained[-window:]
+    seconds = sum(b.seconds for b in recent)
+    scored = [b.prequential for b in recent if b.prequential]
+    metrics = {k: sum(p[k] for p in scored if k in p) / sum(1 for p in scored if k in p)
+               for k in dict.fromkeys(k for p in scored for k in p)}
+    lag = next((b.lag for b in reversed(batches) if b.reported and b.lag is not None), None)
+    return StreamProgress(len(trained), sum(b.rows for b in trained),
+                          sum(b.rows for b in recent) / seconds if recent and seconds > 0 else None, lag, metrics,
+                          committed, version, sum(max(b.attempts - 1, 0) for b in batches))
 
 
 @dataclass(frozen=True)
@@ -136,6 +182,7 @@ class StreamFit:
 
     @property
     def batches(self) -> list[BatchRecord]:
+        self._read_reports()
         return list(self._trainer.batches)
 
     @property
@@ -149,6 +196,27 @@ class StreamFit:
     @property
     def spark_model(self) -> Any:
         return self._trainer.sm
+
+    def progress(self, window: int = 10) -> StreamProgress:
+        """Rows/s, lag and rolling prequential metrics over the last ``window`` trained micro-batches
+        (``print(fit.progress())`` gives a line)."""
+        return summarize(self.batches, self.committed, self.version, window)
+
+    def _read_reports(self) -> None:
+        """Spark's progress reports (``query.recentProgress``, kept after the query ends) onto the records that
+        lack theirs: the lag and the rates of each micro-batch."""
+        waiting = {b.batch_id: b for b in self._trainer.batches if not b.reported}
+        if not waiting:
+            return
+        try:
+            reports = self.query.recentProgress or []
+        except Exception as exc:  # noqa: BLE001 - a query whose session is gone: the records stay unreported
+            log.debug("fit_stream: no progress reports (%s)", exc)
+            return
+        for progress in reports:  # oldest first: a micro-batch's own report comes before later idle ones
+            record = waiting.pop(progress.get("batchId"), None)
+            if record is not None:
+                _report(record, progress)
 
     def awaitTermination(self, timeout: float | None = None) -> Any:  # noqa: N802 - StreamingQuery's name
         try:
@@ -449,6 +517,24 @@ class _Trainer:
         run = getattr(self._loop, "run", None)
         if run is not None:  # a tracked query: the version in MLflow too (a failure there is logged, not raised)
             run.log_version(self.sm.model, version, latest, self.settings.registered_model)
+
+
+def _report(record: BatchRecord, progress: Any) -> None:
+    """A micro-batch's progress report (Spark's JSON as a dict) onto its record."""
+    lags = [(source.get("metrics") or {}).get("maxOffsetsBehindLatest") for source in progress.get("sources") or []]
+    lags = [int(float(v)) for v in lags if v is not None]
+    record.lag = max(lags) if lags else None
+    record.input_rows_per_second = _rate(progress.get("inputRowsPerSecond"))
+    record.processed_rows_per_second = _rate(progress.get("processedRowsPerSecond"))
+    record.reported = True
+
+
+def _rate(value: Any) -> float | None:
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        return None
+    return rate if rate == rate else None  # Spark reports NaN for a batch without a previous one
 
 
 def _offsets(fs: FileSystem, location: str, batch_id: int) -> list[Any] | None:

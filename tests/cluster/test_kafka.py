@@ -88,6 +88,10 @@ def test_a_stream_job_whose_driver_is_killed_trains_every_kafka_event_once_after
     # lag (offsets behind the topic's end after each micro-batch, Spark's Kafka metric): falls to 0 as it drains
     lags = [b["lag"] for b in after if b["lag"] is not None]
     assert lags and lags[-1] == 0 and lags == sorted(lags, reverse=True), after
+    # the restarted driver's summary of what it trained (StreamFit.progress over all its micro-batches)
+    p = s["progress"]
+    assert p["lag"] == 0 and p["trained_rows"] == sum(b["rows"] for b in after if b["rows"] and not b["skipped"]), p
+    assert p["rows_per_second"] > 0 and p["committed"] == ids[-1] and p["failed_attempts"] == 0, p
     # the newest version has seen the whole topic: its offsets are the topic's end
     latest = json.loads((out / "versions" / "LATEST").read_text())
     assert latest["batch_id"] == ids[-1] or s["version"] == latest["version"], (latest, s["version"])

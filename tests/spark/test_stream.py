@@ -6,6 +6,7 @@ from the last commit without its partial updates, and model versions a reader on
 import contextlib
 import json
 import os
+import time
 
 import keras
 import numpy as np
@@ -92,6 +93,15 @@ def test_each_micro_batch_is_one_pass_committed_with_its_id_and_versions_are_pub
     trained = [b for b in fit.batches if b.skipped is None]
     assert [b.batch_id for b in trained] == list(range(FILES)) and all(b.rows == ROWS and b.attempts == 1 for b in trained)
     assert fit.committed == FILES - 1
+    # Spark's progress report of each micro-batch on its record (the file source reports no lag), and the summary
+    deadline = time.monotonic() + 30
+    while not all(b.reported for b in fit.batches) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(b.reported and b.lag is None and b.processed_rows_per_second > 0 for b in fit.batches), fit.batches
+    progress = fit.progress(window=FILES)
+    assert (progress.trained_batches, progress.trained_rows, progress.committed) == (FILES, FILES * ROWS, FILES - 1)
+    assert progress.rows_per_second == pytest.approx(FILES * ROWS / sum(b.seconds for b in trained))
+    assert progress.prequential["accuracy"] == pytest.approx(np.mean([b.prequential["accuracy"] for b in trained]))
     # one engine for the whole query: one fit's stats, a pass per micro-batch, one parameter server's pushes
     assert len(sm.stats.epochs) == FILES and [e.samples for e in sm.stats.epochs] == [ROWS] * FILES
     steps = sum(e.batches for e in sm.stats.epochs)

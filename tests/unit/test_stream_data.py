@@ -38,3 +38,26 @@ def test_events_after_the_drift_are_clicked_by_the_other_planted_model():
     np.testing.assert_allclose(cols["p_true"][after], drifted.probability(dense[after], cats[after]))
     # a different taste: the two models disagree on the same rows
     assert np.corrcoef(cols["p_true"][after], plain["p_true"][after])[0, 1] < 0.5
+
+
+def test_a_streams_progress_is_its_trained_batches_rows_per_second_newest_lag_and_rolling_metrics():
+    from sparkdl_train.driver.stream import BatchRecord, summarize
+    from sparkdl_train.errors import ConfigError
+
+    def trained(i, rows, seconds, auc, lag=None, attempts=1):
+        return BatchRecord(i, rows=rows, seconds=seconds, attempts=attempts, prequential={"auc": auc}, reported=lag is not None,
+                           lag=lag)
+
+    batches = [BatchRecord(0, skipped="committed"), trained(1, 100, 1.0, 0.6, lag=900), trained(2, 300, 1.0, 0.7, lag=600),
+               BatchRecord(3, skipped="empty"), trained(4, 500, 3.0, 0.8, attempts=3)]  # 4's report not in yet
+    p = summarize(batches, committed=4, version=2, window=2)
+    assert (p.trained_batches, p.trained_rows, p.committed, p.version) == (3, 900, 4, 2)
+    assert p.rows_per_second == pytest.approx(800 / 4.0)  # the window: batches 2 and 4
+    assert p.prequential == {"auc": pytest.approx(0.75)} and p.lag == 600 and p.failed_attempts == 2
+    assert "200 rows/s" in str(p) and "lag 600" in str(p)
+    whole = summarize(batches, 4, 2, window=10)
+    assert whole.rows_per_second == pytest.approx(900 / 5.0) and whole.prequential["auc"] == pytest.approx(0.7)
+    empty = summarize([BatchRecord(0, skipped="empty")], -1, None)
+    assert (empty.trained_batches, empty.rows_per_second, empty.lag, empty.prequential) == (0, None, None, {})
+    with pytest.raises(ConfigError, match="window"):
+        summarize(batches, 4, 2, window=0)
