@@ -121,7 +121,7 @@ def run_keras(cfg: dict) -> list[dict]:
     return rows
 
 
-def spark_session(lib: str):
+def spark_session(lib: str, conf: dict | None = None):
     from pyspark.sql import SparkSession
 
     b = (SparkSession.builder.master("local[2]").appName(f"time to target: {lib}")
@@ -132,6 +132,8 @@ def spark_session(lib: str):
         b = b.config("spark.python.daemon.module", "sparkdl_train.worker.daemon")
     for k, v in {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}.items():
         b = b.config(f"spark.executorEnv.{k}", v)
+    for k, v in (conf or {}).items():
+        b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

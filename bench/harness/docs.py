@@ -100,6 +100,35 @@ def time_to_target() -> str:
     return block(caption, ["mode", "lowest", "highest", "median"], rows, "time_to_target")
 
 
+@figure("cold_first_fit")
+def cold_first_fit() -> str:
+    r = results.load("cold_first_fit")
+    secs = lambda v: "never" if v is None else f"{v:.1f} s"  # noqa: E731
+    rows = [[s["model"], s["mode"], f"{s['keras_s']:.1f} s", secs(s["elephas_s"]), secs(s["tensorflow_s"]), x(s["vs_elephas_tf"]),
+             secs(s["jax_s"]), x(s["vs_elephas_jax"]), x(s["jax_over_tf"]),
+             "-" if s.get("jax_empty_cache_s") is None else f"{s['jax_empty_cache_s']:.1f} s"] for s in r["summary"]]
+    caption = (f"The first fit of a fresh process (JVM, executors, imports cold): seconds to 99% of single-process Keras' best "
+               f"held-out metric, {r['workers']} workers on `local[2]`, batch {r['batch_size']}, Elephas {r['elephas']} in its own "
+               "venv. Goals: " + "; ".join(f"{k} {v}" for k, v in r["goals"].items()) + ".")
+    out = block(caption, ["model", "mode", "Keras", "Elephas", "sparkdl_train TF", "Elephas/TF", "sparkdl_train JAX", "Elephas/JAX",
+                          "JAX/TF", "JAX, empty cache (Keras' epochs)"], rows, "cold_first_fit")
+    if "breakdown" not in r:
+        return out
+
+    def phases(b: dict) -> str:
+        d = b["driver"]
+        wait = d.get("preflight", 0.0) + d.get("sample", 0.0)  # the executors' import, behind whichever job met it first
+        prepare, job = d.get("prepare", 0.0), b["first_epoch"].get("job", 0.0)
+        return (f"{b['seconds']:.1f} s: import (preflight + sample) {wait:.1f}, prepare {prepare:.1f}, "
+                f"first epoch's job {job:.1f}, the rest {b['seconds'] - wait - prepare - job:.1f}")
+
+    before = r.get("before", {})
+    rows = [[mode, phases(before["breakdown"][mode]) if mode in before.get("breakdown", {}) else "-", phases(b)]
+            for mode, b in r["breakdown"].items()]
+    return out + "\n\n" + table(["DeepFM on TensorFlow, a cold fit's seconds", f"before ({before.get('commit', '-')}, {before.get('date', '-')})",
+                                  "now"], rows) + (f"\n\nBefore: {before['note']}." if before.get("note") else "")
+
+
 @figure("flagship_job")
 def flagship_job() -> str:
     r = results.load("flagship_job")

@@ -46,8 +46,10 @@ The PyTorch and NumPy backends are refused at ``fit`` (:func:`check_supported`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Iterator, Protocol
@@ -77,19 +79,42 @@ class Capabilities:
     compilation_cache: bool = False
     """Compiled steps persist across processes in a folder (``jax.compilationCache``; the backend module's
     ``configure_cache`` and its ``CACHE_SETTING_ENV``/``CACHE_BYTES_ENV`` for the executors)."""
+    speculative_imports: tuple[str, ...] = ()
+    """Packages the framework and Keras on it import at their own import only in case a user calls on them
+    (Keras' scikit-learn wrappers and image gallery plots, TensorFlow Lite's JAX converter), each in a ``try: import ... except
+    ImportError``; executor code never does. Workers import the framework with them hidden
+    (:func:`without_speculative_imports`): where they are installed, a second of every executor's start."""
 
 
 CAPABILITIES = {
     "tensorflow": Capabilities(framework="tensorflow", compiles_per_shape=False, preload_before_fork=True,
-                               gradient_buckets=True, xla_collectives=False),
+                               gradient_buckets=True, xla_collectives=False, speculative_imports=("sklearn", "jax", "matplotlib")),
     "jax": Capabilities(
         framework="jax", compiles_per_shape=True, preload_before_fork=False, gradient_buckets=False, xla_collectives=True,
-        compilation_cache=True,
+        compilation_cache=True, speculative_imports=("sklearn", "matplotlib"),
         buckets_refused=("allreduce.bucketBytes (gradient buckets reduced while the backward pass runs) needs a backend "
                          "whose step hands gradients over during the backward pass (TensorFlow): on JAX the jitted step is one "
                          "XLA program that hands nothing back before it ends. Leave bucketBytes at 0 on JAX (XLA's own "
                          "collectives, allreduce.collectives='xla', are the route there)")),
 }
+
+
+@contextlib.contextmanager
+def without_speculative_imports(name: str | None = None) -> Iterator[list[str]]:
+    """Within the block, importing one of backend ``name``'s :attr:`Capabilities.speculative_imports` not yet
+    imported raises ImportError (``None`` in ``sys.modules``, Python's own way to block one); afterwards they
+    import as usual. Yields the names it hid. For executors' Python workers only: a module that tried one
+    in the block keeps its fallback (Keras' scikit-learn wrappers say scikit-learn is missing in that worker)."""
+    can = CAPABILITIES[check_supported(name or os.environ.get("KERAS_BACKEND") or DEFAULT)]
+    hidden = [m for m in can.speculative_imports if m not in sys.modules and m != can.framework]
+    for m in hidden:
+        sys.modules[m] = None  # type: ignore[assignment]
+    try:
+        yield hidden
+    finally:
+        for m in hidden:
+            if sys.modules.get(m, 0) is None:
+                del sys.modules[m]
 
 
 def capabilities(name: str | None = None) -> Capabilities:

@@ -115,6 +115,9 @@ class PendingPrepare:
             "kinds": sorted({k for r in self.reports for k in r.get("traced", ())}),
             "errors": len(errors),
             "slowest": max((r.get("seconds", 0.0) for r in self.reports), default=0.0),
+            # the slowest task's model rebuild and its steps' trace (and instantiation), seconds
+            "rebuild": max((r.get("rebuild", 0.0) for r in self.reports), default=0.0),
+            "trace": max((r.get("trace", 0.0) for r in self.reports), default=0.0),
         }
 
     def confirms(self, sample: Batch) -> bool:

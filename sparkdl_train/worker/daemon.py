@@ -12,6 +12,12 @@ Enable it where the executors' Python has sparkdl_train (the archive of ``./run 
 
     spark.python.daemon.module  sparkdl_train.worker.daemon
 
+What TensorFlow and Keras import at their own import only in case a user calls on it (scikit-learn
+for Keras' wrappers, matplotlib for its image plots, JAX for TensorFlow Lite's converter: the
+backend's ``Capabilities.speculative_imports``) is hidden while the daemon imports: about a third of
+the import where all three are installed. A task that imports one gets it as usual; Keras' scikit-learn
+wrappers, used inside a task, would find scikit-learn missing.
+
 Importing TensorFlow starts no TensorFlow runtime (no thread pools, no devices): that happens in
 each worker at its first op, after :func:`sparkdl_train.worker.runtime.prepare_process` has sized
 its thread pools. A preload that fails is logged and the daemon serves as the stock one does.
@@ -41,6 +47,8 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
     the daemon's port to the JVM."""
     import importlib
 
+    from ..backend import without_speculative_imports
+
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # the Keras backend this daemon's workers run (spark.executorEnv.KERAS_BACKEND, or the
@@ -61,12 +69,15 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
     saved = os.dup(1)
     os.dup2(2, 1)  # anything printed while importing goes to stderr (the executor's log)
     try:
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception as exc:  # noqa: BLE001 - the workers will import (and report) it themselves
-                failed.append(name)
-                print(f"sparkdl_train daemon: could not preload {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        # what the framework and Keras import only in case a user calls on it (scikit-learn; JAX under
+        # TensorFlow) stays out: a second of the executors' start where it is installed
+        with without_speculative_imports():
+            for name in modules:
+                try:
+                    importlib.import_module(name)
+                except Exception as exc:  # noqa: BLE001 - the workers will import (and report) it themselves
+                    failed.append(name)
+                    print(f"sparkdl_train daemon: could not preload {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)

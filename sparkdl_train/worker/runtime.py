@@ -36,7 +36,8 @@ def prepare_process(threads: int | None, keras_backend: str | None = None) -> No
     os.environ.setdefault("KERAS_BACKEND", keras_backend or backend.DEFAULT)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if keras_backend is not None:
-        here = backend.keras_backend()
+        with backend.without_speculative_imports():  # a worker's first import of Keras: see Capabilities
+            here = backend.keras_backend()
         if here != keras_backend:
             raise ConfigError(
                 f"the driver's model runs on the Keras {keras_backend!r} backend, this executor's Python worker on "
@@ -55,7 +56,8 @@ def import_tensorflow() -> float:
     returns the seconds it took (0.0 when this process already had it, as a worker forked from
     :mod:`sparkdl_train.worker.daemon` does)."""
     global _import_seconds
-    seconds = backend.current().import_framework()
+    with backend.without_speculative_imports():
+        seconds = backend.current().import_framework()
     _import_seconds += seconds
     return seconds
 

@@ -30,6 +30,8 @@ def test_session_workers_fork_from_the_preloading_daemon(sc):
 
         yield {"pid": os.getpid(), "parent": parent, "tensorflow_loaded": "tensorflow" in sys.modules,
                "tasks_loaded": "sparkdl_train.worker.tasks" in sys.modules,
+               # what TensorFlow and Keras import only in case (scikit-learn, JAX, matplotlib) stayed out of the daemon
+               "speculative": sorted(m for m in ("sklearn", "jax", "matplotlib") if m in sys.modules),
                "frozen": gc.get_freeze_count(), "scanned": len(gc.get_objects())}
 
     facts = sc.parallelize(range(4), 4).mapPartitionsWithIndex(_worker_facts).collect()
@@ -37,7 +39,39 @@ def test_session_workers_fork_from_the_preloading_daemon(sc):
     for f in facts:
         assert "-m sparkdl_train.worker.daemon" in f["parent"], f
         assert f["tensorflow_loaded"] and f["tasks_loaded"], f
+        assert f["speculative"] == [], f
         # the daemon froze what it imported: the worker's full collections scan only its own objects
         assert f["frozen"] > 100_000 and f["scanned"] < f["frozen"] // 4, f
         assert f["pid"] != os.getpid()
     assert sys.platform.startswith("linux")
+
+    def _imports_sklearn(rows):  # hidden while the daemon imported, importable afterwards
+        import sklearn
+
+        yield sklearn.__version__
+
+    import sklearn
+
+    assert sc.parallelize([0], 1).mapPartitions(_imports_sklearn).collect() == [sklearn.__version__]
+
+
+def test_speculative_imports_are_hidden_inside_the_block_only(monkeypatch):
+    import dataclasses
+
+    from sparkdl_train import backend
+
+    name = "mailbox"  # a standard-library module nothing here imports
+    assert name not in sys.modules
+    tf = backend.CAPABILITIES["tensorflow"]
+    monkeypatch.setitem(backend.CAPABILITIES, "tensorflow", dataclasses.replace(tf, speculative_imports=(name, "os")))
+    with backend.without_speculative_imports("tensorflow") as hidden:
+        assert hidden == [name]  # one already imported (os) is left alone
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+        else:
+            raise AssertionError(f"{name} imported inside the block")
+    assert name not in sys.modules
+    assert __import__(name).__name__ == name
+    assert backend.CAPABILITIES["jax"].framework not in backend.CAPABILITIES["jax"].speculative_imports
