@@ -104,9 +104,11 @@ def without_speculative_imports(name: str | None = None) -> Iterator[list[str]]:
     """Within the block, importing one of backend ``name``'s :attr:`Capabilities.speculative_imports` not yet
     imported raises ImportError (``None`` in ``sys.modules``, Python's own way to block one); afterwards they
     import as usual. Yields the names it hid. For executors' Python workers only: a module that tried one
-    in the block keeps its fallback (Keras' scikit-learn wrappers say scikit-learn is missing in that worker)."""
-    can = CAPABILITIES[check_supported(name or os.environ.get("KERAS_BACKEND") or DEFAULT)]
-    hidden = [m for m in can.speculative_imports if m not in sys.modules and m != can.framework]
+    in the block keeps its fallback (Keras' scikit-learn wrappers say scikit-learn is missing in that worker).
+    A backend sparkdl_train does not train on hides nothing (the worker daemon must serve it; the task's own
+    check names the problem)."""
+    can = CAPABILITIES.get(name or os.environ.get("KERAS_BACKEND") or DEFAULT)
+    hidden = [m for m in can.speculative_imports if m not in sys.modules and m != can.framework] if can is not None else []
     for m in hidden:
         sys.modules[m] = None  # type: ignore[assignment]
     try:

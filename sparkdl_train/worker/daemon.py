@@ -69,8 +69,8 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
     saved = os.dup(1)
     os.dup2(2, 1)  # anything printed while importing goes to stderr (the executor's log)
     try:
-        # what the framework and Keras import only in case a user calls on it (scikit-learn; JAX under
-        # TensorFlow) stays out: a second of the executors' start where it is installed
+        # what the framework and Keras import only in case a user calls on it (scikit-learn, matplotlib; JAX
+        # under TensorFlow) stays out: about a third of the import where they are installed
         with without_speculative_imports():
             for name in modules:
                 try:

@@ -75,3 +75,5 @@ def test_speculative_imports_are_hidden_inside_the_block_only(monkeypatch):
     assert name not in sys.modules
     assert __import__(name).__name__ == name
     assert backend.CAPABILITIES["jax"].framework not in backend.CAPABILITIES["jax"].speculative_imports
+    with backend.without_speculative_imports("torch") as hidden:  # not a backend of ours: the daemon still serves
+        assert hidden == []
