@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from bench.e2e import time_to_target as ttt
+from bench.harness.docs import x
 
 BATCH, WORKERS = 256, 2
 MODES = {  # name: (mode, frequency), the names both libraries have
@@ -55,10 +56,9 @@ GOALS = {"cold time to target, Elephas' over sparkdl_train's": ">= 1.5x", "cold 
 # -- data and models (plain Keras and numpy: the Elephas venv builds them too) -----------------------------
 
 def data(model: str, work: str, rows: int):
-    """Training and held-out arrays of ``model``'s task: x, y, xt, yt."""
+    """Training and held-out arrays of ``model``'s task and its vocabulary (DeepFM's; 0 for the others): x, y, xt, yt, vocab."""
     if model == "deepfm":
-        x, y, xt, yt, _ = ttt.load(work)
-        return x, y, xt, yt
+        return ttt.load(work)
     rng = np.random.default_rng(11)
     if model == "mlp":
         n = rows
@@ -75,7 +75,7 @@ def data(model: str, work: str, rows: int):
         x = np.stack([np.roll(templates[k], (a, b), (0, 1)) for k, a, b in zip(c, dx, dy)])
         x = (x + rng.normal(scale=1.0, size=x.shape))[..., None].astype("float32")
         y = np.eye(4, dtype="float32")[c]
-    return x[:n], y[:n], x[n:], y[n:]
+    return x[:n], y[:n], x[n:], y[n:], 0
 
 
 def build(model: str, vocab: int = 0):
@@ -106,8 +106,7 @@ def score(model, metric: str, xt, yt) -> float:
 # -- one run: a process of its own ---------------------------------------------------------------------
 
 def child(cfg: dict) -> dict:
-    x, y, xt, yt = data(cfg["model"], cfg["work"], cfg["rows"])
-    vocab = int(np.load(os.path.join(cfg["work"], "ttt_arrays.npz"))["vocab"]) if cfg["model"] == "deepfm" else 0
+    x, y, xt, yt, vocab = data(cfg["model"], cfg["work"], cfg["rows"])
     model, custom, metric = build(cfg["model"], vocab)
     lib = cfg["lib"]
     if lib == "keras":
@@ -278,8 +277,8 @@ def main(argv: list[str]) -> None:
     summary = _summarize(runs)
     print("\nTime to target, cold (goals:", "; ".join(f"{k} {v}" for k, v in GOALS.items()) + ")")
     for s in summary:
-        print(f"  {s['model']:<7} {s['mode']:<20} Elephas {_s(s['elephas_s'])}  TF {_s(s['tensorflow_s'])} ({_x(s['vs_elephas_tf'])})"
-              f"  JAX {_s(s['jax_s'])} ({_x(s['vs_elephas_jax'])}, JAX/TF {_x(s['jax_over_tf'])})")
+        print(f"  {s['model']:<7} {s['mode']:<20} Elephas {_s(s['elephas_s'])}  TF {_s(s['tensorflow_s'])} ({x(s['vs_elephas_tf'])})"
+              f"  JAX {_s(s['jax_s'])} ({x(s['vs_elephas_jax'])}, JAX/TF {x(s['jax_over_tf'])})")
     print("wrote", results_file.write("cold_first_fit", {"elephas": "7.3", "rows": args.rows, "batch_size": BATCH, "workers": WORKERS,
                                                           "goals": GOALS, "summary": summary, "runs": runs}))
 
@@ -288,22 +287,20 @@ def _s(v: float | None) -> str:
     return "  never" if v is None else f"{v:5.1f} s"
 
 
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
 def _summarize(runs: list[dict]) -> list[dict]:
     """Per model and mode: each library's cold time to target and the ratios (None where one never reached it)."""
-    def t(model, mode, lib, backend):
-        r = next((r for r in runs if (r["model"], r["mode"], r["lib"], r["backend"]) == (model, mode, lib, backend)), None)
-        return r["seconds"] if r and r.get("reached") else None
+    def run(model, mode, lib, backend) -> dict:
+        return next((r for r in runs if (r["model"], r["mode"], r["lib"], r["backend"]) == (model, mode, lib, backend)), {})
+
+    def t(r: dict) -> float | None:
+        return r["seconds"] if r.get("reached") else None
 
     out = []
     for model, mode in dict.fromkeys((r["model"], r["mode"]) for r in runs if r["lib"] != "keras"):
-        e, tf, jx = t(model, mode, "elephas", "tensorflow"), t(model, mode, "sparkdl_train", "tensorflow"), t(model, mode, "sparkdl_train", "jax")
+        jr = run(model, mode, "sparkdl_train", "jax")
+        e, tf, jx = t(run(model, mode, "elephas", "tensorflow")), t(run(model, mode, "sparkdl_train", "tensorflow")), t(jr)
         keras_s = next(r["seconds"] for r in runs if r["model"] == model and r["lib"] == "keras")
-        jr = next((r for r in runs if (r["model"], r["mode"], r["lib"], r["backend"]) == (model, mode, "sparkdl_train", "jax")), None)
-        empty = (jr or {}).get("empty_cache", {}).get("seconds")
+        empty = jr.get("empty_cache", {}).get("seconds")
         out.append({"model": model, "mode": mode, "keras_s": keras_s, "elephas_s": e, "tensorflow_s": tf, "jax_s": jx,
                     "vs_elephas_tf": e / tf if e and tf else None, "vs_elephas_jax": e / jx if e and jx else None,
                     "jax_over_tf": jx / tf if jx and tf else None, "jax_empty_cache_s": empty})
