@@ -164,8 +164,7 @@ def launch(cfg: dict, python: str, backend: str = "tensorflow") -> dict:
     result = os.path.join(cfg["work"], "cold_run.json")
     if os.path.exists(result):
         os.remove(result)
-    env = {**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python, "OMP_NUM_THREADS": "2",
-           "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
+    env = ttt.child_env(python, backend)
     proc = subprocess.run([python, "-m", "bench.e2e.cold_first_fit", "--child", json.dumps({**cfg, "result": result})],
                           env=env, timeout=1800, cwd="/tmp" if cfg["lib"] == "elephas" else ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -258,9 +257,9 @@ def main(argv: list[str]) -> None:
                     if "error" in r or r["score"] >= target:
                         break
                 last = tries[-1]
+                # the row's figures are its last try's (last_try): the epochs that reached the target, or the most tried
                 row = {"model": model, "lib": lib, "backend": backend, "mode": mode, "target": target, "tries": tries,
-                       "epochs": last["epochs"], "reached": "error" not in last and last["score"] >= target}
-                row.update({k2: last[k2] for k2 in ("seconds", "score", "session_s", "fixed_costs", "epoch_s", "error") if k2 in last})
+                       "reached": "error" not in last and last["score"] >= target}
                 if empty is not None:
                     row["empty_cache"] = {"epochs": k_epochs, **empty}
                 runs.append(row)
@@ -283,6 +282,12 @@ def main(argv: list[str]) -> None:
                                                           "goals": GOALS, "summary": summary, "runs": runs}))
 
 
+def last_try(row: dict) -> dict:
+    """A library's run: its last try (the fewest epochs that reached the target, or the most tried);
+    single-process Keras' row is its own."""
+    return row["tries"][-1] if "tries" in row else row
+
+
 def _s(v: float | None) -> str:
     return "  never" if v is None else f"{v:5.1f} s"
 
@@ -293,7 +298,7 @@ def _summarize(runs: list[dict]) -> list[dict]:
         return next((r for r in runs if (r["model"], r["mode"], r["lib"], r["backend"]) == (model, mode, lib, backend)), {})
 
     def t(r: dict) -> float | None:
-        return r["seconds"] if r.get("reached") else None
+        return last_try(r)["seconds"] if r.get("reached") else None
 
     out = []
     for model, mode in dict.fromkeys((r["model"], r["mode"]) for r in runs if r["lib"] != "keras"):

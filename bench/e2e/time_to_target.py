@@ -242,17 +242,23 @@ def launch(python: str, cfg: dict, reuse: bool = False) -> list[dict]:
     if reuse and os.path.exists(result):  # --rerun names the libraries to run again
         with open(result) as f:
             return json.load(f)
-    env = {**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python, "OMP_NUM_THREADS": "2",
-           "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
-    from bench.harness.results import ROOT
-
-    env["PYTHONPATH"] = ROOT  # this package only: the child imports Elephas or sparkdl_train from its own venv
+    env = child_env(python)
     proc = subprocess.run([python, "-m", "bench.e2e.time_to_target", "--child", json.dumps({**cfg, "result": result})],
                           env=env, timeout=7200, cwd="/tmp" if cfg["lib"] == "elephas" else None)
     if proc.returncode != 0:
         raise SystemExit(f"{cfg['lib']} run failed (exit {proc.returncode})")
     with open(result) as f:
         return json.load(f)
+
+
+def child_env(python: str, backend: str = "tensorflow") -> dict[str, str]:
+    """The environment of a benchmark child run by ``python`` (its own venv: Elephas', or this checkout's):
+    its Spark workers run that Python, and of this checkout it imports the bench package only (the child
+    imports Elephas or sparkdl_train from its venv)."""
+    from bench.harness.results import ROOT
+
+    return {**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python, "OMP_NUM_THREADS": "2",
+            "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
 
 
 def first_at(rows: list[dict], target: float) -> dict | None:

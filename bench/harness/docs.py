@@ -112,7 +112,10 @@ def cold_first_fit() -> str:
                "venv. Goals: " + "; ".join(f"{k} {v}" for k, v in r["goals"].items()) + ".")
     out = block(caption, ["model", "mode", "Keras", "Elephas", "sparkdl_train TF", "Elephas/TF", "sparkdl_train JAX", "Elephas/JAX",
                           "JAX/TF", "JAX, empty cache (Keras' epochs)"], rows, "cold_first_fit")
-    if "breakdown" not in r:
+    # where the time of DeepFM's cold TensorFlow fits went: each mode's last try (the one that reached the target)
+    now = {run["mode"]: {**run["tries"][-1]["fixed_costs"], "seconds": run["tries"][-1]["seconds"]} for run in r["runs"]
+           if (run["model"], run["lib"], run["backend"]) == ("deepfm", "sparkdl_train", "tensorflow") and "fixed_costs" in run["tries"][-1]}
+    if not now:
         return out
 
     def phases(b: dict) -> str:
@@ -124,7 +127,7 @@ def cold_first_fit() -> str:
 
     before = r.get("before", {})
     rows = [[mode, phases(before["breakdown"][mode]) if mode in before.get("breakdown", {}) else "-", phases(b)]
-            for mode, b in r["breakdown"].items()]
+            for mode, b in now.items()]
     return out + "\n\n" + table(["DeepFM on TensorFlow, a cold fit's seconds", f"before ({before.get('commit', '-')}, {before.get('date', '-')})",
                                   "now"], rows) + (f"\n\nBefore: {before['note']}." if before.get("note") else "")
 

@@ -178,6 +178,9 @@ class StreamFit:
 
     def __init__(self, trainer: "_Trainer", query: Any):
         self._trainer = trainer
+        # micro-batches whose report left Spark's buffer of recent ones unread (a reader that looked too seldom):
+        # they stay unreported, and are not looked for again
+        self._reports_gone: set[int] = set()
         self.query = query
 
     @property
@@ -205,7 +208,7 @@ class StreamFit:
     def _read_reports(self) -> None:
         """Spark's progress reports (``query.recentProgress``, kept after the query ends) onto the records that
         lack theirs: the lag and the rates of each micro-batch."""
-        waiting = {b.batch_id: b for b in self._trainer.batches if not b.reported}
+        waiting = {b.batch_id: b for b in self._trainer.batches if not b.reported and b.batch_id not in self._reports_gone}
         if not waiting:
             return
         try:
@@ -217,6 +220,9 @@ class StreamFit:
             record = waiting.pop(progress.get("batchId"), None)
             if record is not None:
                 _report(record, progress)
+        ids = [p.get("batchId") for p in reports if isinstance(p.get("batchId"), int)]
+        if ids:
+            self._reports_gone.update(b for b in waiting if b < min(ids))
 
     def awaitTermination(self, timeout: float | None = None) -> Any:  # noqa: N802 - StreamingQuery's name
         try:

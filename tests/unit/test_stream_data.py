@@ -61,3 +61,37 @@ def test_a_streams_progress_is_its_trained_batches_rows_per_second_newest_lag_an
     assert (empty.trained_batches, empty.rows_per_second, empty.lag, empty.prequential) == (0, None, None, {})
     with pytest.raises(ConfigError, match="window"):
         summarize(batches, 4, 2, window=0)
+
+
+def test_progress_reports_are_matched_to_their_micro_batches_and_lost_ones_not_looked_for_again():
+    """StreamFit reads Spark's recentProgress onto the records still without a report; a micro-batch whose
+    report left Spark's buffer (older than its oldest report) stays unreported, and later reads do not
+    wait for it (each read would otherwise fetch the whole buffer again)."""
+    from types import SimpleNamespace
+
+    from sparkdl_train.driver.stream import BatchRecord, StreamFit
+
+    class Query:
+        reads = 0
+        progress: list = []
+
+        @property
+        def recentProgress(self):  # noqa: N802 - StreamingQuery's name
+            Query.reads += 1
+            return self.progress
+
+    records = [BatchRecord(batch_id=i) for i in range(4)]
+    query = Query()
+    query.progress = [{"batchId": 2, "sources": [{"metrics": {"maxOffsetsBehindLatest": "7"}}], "inputRowsPerSecond": 10.0,
+                       "processedRowsPerSecond": 20.0}, {"batchId": 3, "sources": []}]
+    fit = StreamFit(SimpleNamespace(batches=records), query)
+    got = fit.batches
+    assert [b.reported for b in got] == [False, False, True, True]
+    assert (got[2].lag, got[2].input_rows_per_second, got[2].processed_rows_per_second) == (7, 10.0, 20.0)
+    assert got[3].lag is None
+    reads = Query.reads
+    fit.batches  # noqa: B018 - batches 0 and 1 are gone from Spark's buffer: nothing to read for
+    assert Query.reads == reads
+    records.append(BatchRecord(batch_id=4))
+    query.progress = query.progress + [{"batchId": 4, "sources": []}]
+    assert fit.batches[4].reported and Query.reads == reads + 1
