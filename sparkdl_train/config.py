@@ -146,6 +146,20 @@ class Port(Int):
 
 
 @dataclass(frozen=True)
+class PortRange(Text):
+    def what(self) -> str:
+        return "a range of ports LOW-HIGH, e.g. 40100-40199"
+
+    def valid(self, value: Any) -> bool:
+        from .net.ports import parse
+
+        try:
+            return isinstance(value, str) and parse(value) is not None
+        except ConfigError:
+            return False
+
+
+@dataclass(frozen=True)
 class Choice(Kind):
     """One of ``values`` (or of what ``values()`` returns, for lists that grow, like the modes)."""
 
@@ -291,6 +305,13 @@ class CoreConfig(_Group):
     host: str | None = setting(
         "ps.host", None, Text(optional=True), "Address the driver's servers (parameter server, live reports) bind to "
         "(default: spark.driver.host; on a Spark Connect session, the client's address on its route to the server).", arg="ps_host", argument=False)
+    ports: str | None = setting(
+        "network.ports", None, PortRange(optional=True),
+        "Ports every listening socket of a fit binds, as LOW-HIGH (both included): the driver's parameter server, "
+        "report server and rendezvous server, the executors' ring listeners and XLA coordinators, the Spark Connect "
+        "reachability probe; open this range (with spark.driver.port and spark.blockManager.port) in a firewall "
+        "between the driver's and the executors' hosts. Default: ports the system picks. ps.port, when set, must lie "
+        "in it.", argument=False)
     tls: str = setting(
         "network.tls", "auto", Choice(("auto", "on", "off"), "tls"),
         "TLS for the parameter server, the ring allreduce and the report server, with a per-fit certificate pinned by "
@@ -560,6 +581,9 @@ class EngineConfig:
             kwargs = {s.name: values[s.arg] for s in group.settings() if s.arg in values}
             groups[name] = group(**kwargs)
         core = groups["core"]
+        from .net import ports
+
+        ports.check_port(groups["ps"].port, ports.parse(core.ports), "spark.sparkdl_train.ps.port")
         if core.frequency is None:
             object.__setattr__(core, "frequency", "batch" if core.mode == "allreduce" else "epoch")
         if core.mode == "allreduce" and core.frequency not in ("batch", "epoch"):

@@ -86,12 +86,34 @@ def _spark_scratch(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def standalone_cluster(tmp_path_factory):
-    """A Spark standalone Master and two Workers (1 core, 2 GiB each) on 127.0.0.1, for the session."""
-    from standalone import StandaloneCluster
+    """A Spark standalone Master and two Workers (1 core, 2 GiB each), for the session: each Worker on a
+    host of its own (a network namespace, its link 1 Gb/s; minicluster/hosts.py) and the Master on the
+    bridge's address where this machine can create namespaces, else all on 127.0.0.1 (tests that need
+    hosts then skip, saying why: :func:`hosts`). The network is removed by name when the session ends,
+    and checked gone."""
+    from minicluster import hosts
+    from minicluster.standalone import StandaloneCluster
 
-    cluster = StandaloneCluster(str(tmp_path_factory.mktemp("standalone"))).start()
-    yield cluster
-    cluster.stop()
+    why = hosts.unavailable()
+    network = hosts.HostNetwork(hosts=2).create() if why is None else None
+    try:
+        cluster = StandaloneCluster(str(tmp_path_factory.mktemp("standalone")), network=network, jvm_options=TEST_JVM_OPTIONS)
+        cluster.unavailable = why
+        cluster.start()
+        yield cluster
+        cluster.stop()
+    finally:
+        if network is not None:
+            network.remove()
+            assert not network.leftovers(), network.leftovers()
+
+
+@pytest.fixture
+def hosts(standalone_cluster):
+    """The standalone cluster's host network (skips where the machine cannot make one)."""
+    if standalone_cluster.network is None:
+        pytest.skip(f"no hosts of their own on this machine: {standalone_cluster.unavailable}")
+    return standalone_cluster.network
 
 
 @pytest.fixture(autouse=True)

@@ -221,6 +221,22 @@ def scaling_validation() -> str:
                  ["master", "engine", "workers", "measured samples/s", "predicted", "measured / predicted"], rows, "scaling")
 
 
+@figure("net_links")
+def net_links() -> str:
+    r = results.load("net_links")
+    links = [[label, f"{v['gbps']:.3f} Gb/s", f"{v['host_to_host']['gbps']:.3f} Gb/s", f"{v['latency_s'] * 1e6:.0f} us",
+              f"{sum(b['rx'] + b['tx'] for b in v['bytes'].values()) / 1e6:,.0f} MB"] for label, v in r["links"].items()]
+    hosts = [v for v in r["validation"] if v["master"] in r["links"] or (v["engine"] in r["engines"] and v["workers"] == 2)]
+    within = [abs(v["samples_per_s"] / v["predicted"] - 1) <= 0.2 for v in hosts if v["master"] in r["links"]]
+    rows = [[v["master"], v["engine"], f"{v['samples_per_s']:,.0f}", f"{v['predicted']:,.0f}", f"{v['samples_per_s'] / v['predicted']:.2f}",
+             v["bottleneck"]] for v in hosts]
+    return (table(["links", "measured to the driver", "host to host", "latency (one way)", "carried by the fits"], links) + "\n\n"
+            + block(f"Two workers on two hosts against the model's prediction for the measured links, with `local[2]`'s fits "
+                    f"beside them: {sum(within)} of {len(within)} host rows within 20%.",
+                    ["master", "engine", "measured samples/s", "predicted", "measured / predicted", "the model's bottleneck"],
+                    rows, "net_links"))
+
+
 @figure("scaling_projections")
 def scaling_projections() -> str:
     r = results.load("scaling")

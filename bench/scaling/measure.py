@@ -298,10 +298,10 @@ def validation_child(cfg: dict) -> None:
     from sparkdl_train import SparkModel
 
     meta = e2e_ctr.prepare(cfg["rows"], cfg["work"])
-    master = cfg["master"]
-    spark = e2e_ctr.spark_session(master, 1, "sparkdl_train scaling validation",
+    master = cfg.get("label", cfg["master"])  # what the rows call it (bench.net.links: a cluster and its links' rate)
+    spark = e2e_ctr.spark_session(cfg["master"], 1, "sparkdl_train scaling validation",
                                   {"spark.python.daemon.module": "sparkdl_train.worker.daemon",
-                                   "spark.executor.memory": "1600m"})
+                                   "spark.executor.memory": "1600m", **cfg.get("conf", {})})
     out = []
     try:
         train = spark.read.parquet(os.path.join(meta["path"], "train"))
@@ -348,23 +348,27 @@ def validate(rows: int, server: sm.Server, ring: sm.Ring, spark_costs: sm.SparkC
     calibrated once, from averaging with 1 worker on the first master (the fit with the least
     communication), and a worker's own push cost from its asynchronous fits with 1 worker; every
     other row, every row of the other masters included, is a prediction from the constants."""
+    measured = []
+    for master in masters:
+        measured += validation_fits({"rows": rows, "master": master, "repeats": repeats})
+    return compare(measured, server, ring, spark_costs, loopback_gbps)
+
+
+def validation_fits(cfg: dict) -> list[dict]:
+    """:func:`validation_child` in a process of its own (``cfg``: its ``rows``, ``master``, ``repeats`` and
+    optionally ``label``, ``conf``, ``engines``, ``workers``); returns its measured rows."""
     import tempfile
 
     work = os.path.join(tempfile.gettempdir(), "sparkdl_train_bench")
     result = os.path.join(work, "scaling_validation.json")
     os.makedirs(work, exist_ok=True)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    measured = []
-    for master in masters:
-        proc = subprocess.run([sys.executable, "-m", "bench.scaling.measure", "--validation-child",
-                               json.dumps({"rows": rows, "work": work, "result": result, "master": master,
-                                           "repeats": repeats})],
-                              env=env, timeout=3000)
-        if proc.returncode != 0:
-            raise SystemExit(f"validation fits on {master} failed (exit {proc.returncode})")
-        with open(result) as f:
-            measured += json.load(f)
-    return compare(measured, server, ring, spark_costs, loopback_gbps)
+    proc = subprocess.run([sys.executable, "-m", "bench.scaling.measure", "--validation-child",
+                           json.dumps({"work": work, "result": result, **cfg})], env=env, timeout=3000)
+    if proc.returncode != 0:
+        raise SystemExit(f"validation fits on {cfg.get('label', cfg['master'])} failed (exit {proc.returncode})")
+    with open(result) as f:
+        return json.load(f)
 
 
 MEASURED_KEYS = ("master", "daemons", "engine", "workers", "samples", "samples_per_s", "step_s", "steps", "table_bytes",
@@ -372,8 +376,9 @@ MEASURED_KEYS = ("master", "daemons", "engine", "workers", "samples", "samples_p
 
 
 def compare(measured: list[dict], server: sm.Server, ring: sm.Ring, spark_costs: sm.SparkCosts,
-            loopback_gbps: float) -> list[dict]:
-    """Each measured fit beside the model's prediction (the first master's 1-worker fits calibrate)."""
+            loopback_gbps: float, networks: dict[str, sm.Network] | None = None) -> list[dict]:
+    """Each measured fit beside the model's prediction (the first master's 1-worker fits calibrate).
+    ``networks``: the links of a master (by its rows' name) where they are not the loopback's."""
     measured = [{**{k: m[k] for k in MEASURED_KEYS}, "repeats": m["repeats"]} for m in median_fits(measured)]
     first = [m for m in measured if m["master"] == measured[0]["master"]]
     calib = next(m for m in first if m["engine"] == "averaging/epoch" and m["workers"] == 1)
@@ -405,7 +410,7 @@ def compare(measured: list[dict], server: sm.Server, ring: sm.Ring, spark_costs:
                         push_fixed_s=push_fixed * k, push_byte_s=push_byte * k,
                         touched_rows_1=r1, touch_exponent=exponent, call_s=call * k, fused_call_s=fused * k)
         engine = next(e for e, _ in VALIDATED if e.label == m["engine"])
-        p = sm.predict(engine, w, m["workers"], net, server, ring, spark_costs)
+        p = sm.predict(engine, w, m["workers"], (networks or {}).get(m["master"], net), server, ring, spark_costs)
         # the model's rate counts full batches of every worker; the fit's epoch has what the data has
         predicted = p.samples_per_s
         extra = {}

@@ -201,14 +201,17 @@ def ring_seconds(n: int, grad_bytes: float, net: Network, ring: Ring) -> dict[st
 
 def broadcast_seconds(n: int, nbytes: float, net: Network) -> float:
     """Spark's torrent broadcast: pieces spread from the driver and then between executors,
-    about log2(N+1) waves of the whole state."""
-    return nbytes / net.driver_bandwidth * math.ceil(math.log2(n + 1))
+    about log2(N+1) waves of the whole state, each at the slower of the driver's NIC and the hosts'
+    links (every piece reaches an executor over its host's link)."""
+    return nbytes / min(net.driver_bandwidth, net.bandwidth) * math.ceil(math.log2(n + 1))
 
 
 def merge_seconds(n: int, nbytes: float, net: Network, spark: SparkCosts) -> float:
-    """N partials to the driver (up to 16 partitions: collected; wider: a two-level tree)."""
+    """N partials to the driver (up to 16 partitions: collected; wider: a two-level tree). Each partial
+    also leaves its host over that host's link: where the driver's NIC is faster than the hosts', the
+    hosts' links (all at once) bound the collection."""
     arriving = n if n <= 16 else math.ceil(math.sqrt(n))
-    transfer = arriving * nbytes / net.driver_bandwidth + (0.0 if n <= 16 else nbytes / net.bandwidth)
+    transfer = max(arriving * nbytes / net.driver_bandwidth, nbytes / net.bandwidth) + (0.0 if n <= 16 else nbytes / net.bandwidth)
     return transfer + n * nbytes / spark.merge_bytes_per_s
 
 

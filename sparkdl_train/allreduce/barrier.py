@@ -48,7 +48,11 @@ class BarrierGroup:
 
     def address(self) -> str:
         """The host Spark reports for this task's executor (reachable from the driver and peers)."""
-        addr = self._ctx.getTaskInfos()[self.rank].address
+        return self.address_of(self.rank)
+
+    def address_of(self, rank: int) -> str:
+        """The host Spark reports for rank ``rank``'s executor."""
+        addr = self._ctx.getTaskInfos()[rank].address
         host = addr.rsplit(":", 1)[0] if ":" in addr else addr
         return host.strip("[]")
 
@@ -87,8 +91,10 @@ class DriverGroup(BarrierGroup):
         attempt = self._ctx.stageAttemptNumber() if hasattr(self._ctx, "stageAttemptNumber") else 0
         key = f"{self.settings.round}:{attempt}:{self._calls}"
         self._calls += 1
+        # the server answers a round that never completes within the timeout, naming the ranks that never came;
+        # this rank's own wait is a backstop a little longer
         kind, meta = self._call(net.Msg.JOIN, {"round": key, "rank": self.rank, "size": self.size, "message": message}, (),
-                                "rendezvous")
+                                "rendezvous", grace=5.0)
         messages = meta.get("messages") if kind == net.Msg.PEERS else None
         if not isinstance(messages, list) or len(messages) != self.size or not all(isinstance(m, str) for m in messages):
             raise RingError(f"rank {self.rank}: {self._where()} answered {kind.name} without {self.size} messages")
@@ -108,7 +114,7 @@ class DriverGroup(BarrierGroup):
     def _where(self) -> str:
         return f"the driver's rendezvous server at {self.settings.host}:{self.settings.port}"
 
-    def _call(self, kind: net.Msg, meta: dict[str, Any], arrays: Any, what: str) -> tuple[net.Msg, dict[str, Any]]:
+    def _call(self, kind: net.Msg, meta: dict[str, Any], arrays: Any, what: str, grace: float = 0.0) -> tuple[net.Msg, dict[str, Any]]:
         """One authenticated request to the driver's server and its answer, every wait bounded."""
         s, where = self.settings, self._where()
         try:
@@ -122,7 +128,7 @@ class DriverGroup(BarrierGroup):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock = net.wrap_client(sock, s.tls, self.connect_timeout)
             net.client_handshake(sock, self.rank, s.secret)
-            sock.settimeout(self.timeout)
+            sock.settimeout(self.timeout + grace)
             net.send(sock, kind, meta, arrays)
             got, answer, _, _ = net.recv(sock, MAX_PEERS_BYTES)
         except socket.timeout:
@@ -138,6 +144,13 @@ class DriverGroup(BarrierGroup):
         finally:
             sock.close()
         if got == net.Msg.ERROR:
+            missing = answer.get("missing")
+            if isinstance(missing, list) and missing and all(isinstance(m, int) and 0 <= m < self.size for m in missing):
+                ranks = ", ".join(f"rank {m} (its executor at {self.address_of(m)})" for m in missing)
+                raise RingTimeout(
+                    f"rank {self.rank}: {ranks} never reached the {what} through {where} within {self.timeout:g} s "
+                    "(spark.sparkdl_train.allreduce.timeout): that host, its link or its executor is down or stuck"
+                )
             raise RingError(f"rank {self.rank}: {where} refused the {what}: {answer.get('error')}")
         return got, answer
 

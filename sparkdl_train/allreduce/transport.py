@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from .. import net
+from ..net import ports as port_range
 from .ring import DEFAULT_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ class TcpLink:
         self.timeout = timeout
         for s in (to_next, from_prev):
             s.settimeout(timeout)
+        # where each neighbour is ("host:port"), named in errors: on a cluster, the host whose link or
+        # process failed
+        self.addresses = {self.next_rank: _address(to_next, "peer"), self.prev_rank: _address(from_prev, "peer")}
         self._send_seq = 0
         self._recv_seq = 0
         self._head = bytearray(FRAME.size)
@@ -238,7 +242,7 @@ class TcpLink:
                         poller.register(prv, select.POLLIN)
                     if not poller.poll(self.timeout * 1000):
                         peer, what = (self.prev_rank, "receive from") if receiving else (self.next_rank, "send to")
-                        with _translate(self.rank, what, peer, self.timeout):
+                        with _translate(self.rank, what, peer, self.timeout, self.addresses.get(peer)):
                             raise socket.timeout()
             except RingError as err:
                 if got_head == 0 and not isinstance(err, PeerAborted):
@@ -251,7 +255,7 @@ class TcpLink:
         self.bytes_received += n
 
     def _errors(self, what: str, peer: int):
-        return _translate(self.rank, what, peer, self.timeout)
+        return _translate(self.rank, what, peer, self.timeout, self.addresses.get(peer))
 
     # failure and shutdown
     def abort(self, origin: int, detail: str) -> None:
@@ -277,11 +281,20 @@ class TcpLink:
         self.close()
 
 
-class _translate:
-    """Turn socket errors into RingError naming this rank, the peer and the timeout."""
+def _address(sock: socket.socket, which: str) -> str | None:
+    try:
+        host, port = (sock.getpeername() if which == "peer" else sock.getsockname())[:2]
+    except (OSError, ValueError):
+        return None
+    return f"{host}:{port}"
 
-    def __init__(self, rank: int, what: str, peer: int, timeout: float):
-        self.rank, self.what, self.peer, self.timeout = rank, what, peer, timeout
+
+class _translate:
+    """Turn socket errors into RingError naming this rank, the peer (and its address) and the timeout."""
+
+    def __init__(self, rank: int, what: str, peer: int, timeout: float, address: str | None = None):
+        self.rank, self.what, self.timeout = rank, what, timeout
+        self.peer = f"{peer} at {address}" if address else str(peer)
 
     def __enter__(self) -> None:
         return None
@@ -312,21 +325,14 @@ def _proof(secret: bytes, role: str, session: bytes, a: bytes, b: bytes) -> str:
     return net.proof(secret, role.encode() + b"|" + session, a, b)
 
 
-def listen(host: str) -> socket.socket:
-    """The rank's listening socket: bound (port 0) before its address is published, kept open."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.bind((host, 0))
-        sock.listen(8)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+def listen(host: str, ports: tuple[int, int] | None = None) -> socket.socket:
+    """The rank's listening socket: bound (port 0, or a port of ``network.ports``) before its address is
+    published, kept open."""
+    return port_range.listener(host, ports, "ring listener")
 
 
 def rendezvous(group: Group, host: str, secret: bytes, timeout: float, connect_timeout: float,
-               tls: net.TlsIdentity | None = None) -> TcpLink | None:
+               tls: net.TlsIdentity | None = None, ports: tuple[int, int] | None = None) -> TcpLink | None:
     """Bind, publish ``host:port`` through ``group.all_gather``, then connect the ring.
 
     Returns ``None`` for a ring of one. The session id mixes a fresh token from
@@ -336,7 +342,7 @@ def rendezvous(group: Group, host: str, secret: bytes, timeout: float, connect_t
     rank, size = group.rank, group.size
     if size == 1:
         return None
-    listener = listen(host)
+    listener = listen(host, ports)
     try:
         port = listener.getsockname()[1]
         token = net.new_nonce().hex()

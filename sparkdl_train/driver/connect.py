@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from ..data.sessions import ConnectContext, active_connect_session, context_of, is_connect, is_connect_session
 from ..errors import ConfigError
+from ..net import ports as port_range
 
 __all__ = ["ConnectContext", "active_connect_session", "check_reachable", "client_address", "context_of", "is_connect",
            "is_connect_session", "unreachable_error"]
@@ -47,7 +48,8 @@ _PROBE_TOKEN_BYTES = 16
 
 
 def check_reachable(ctx: ConnectContext, host: str, timeout: float = 5.0,
-                    listen: Callable[[tuple[str, int]], socket.socket] = socket.create_server) -> str | None:
+                    listen: Callable[[tuple[str, int]], socket.socket] = socket.create_server,
+                    ports: tuple[int, int] | None = None) -> str | None:
     """Whether an executor can open a connection to ``host`` (this process): ``None`` if one did,
     else why not. A listener on ``host`` (any free port; ``listen`` makes it) takes one connection
     that must present a random token; one task tries to connect within ``timeout`` seconds. Asked
@@ -59,7 +61,7 @@ def check_reachable(ctx: ConnectContext, host: str, timeout: float = 5.0,
     token = secrets.token_bytes(_PROBE_TOKEN_BYTES)
     got = threading.Event()
     try:
-        listener = listen((host, 0))
+        listener = port_range.bind(host, ports, listen, "reachability probe")
     except OSError as exc:
         why = f"cannot listen on {host}: {exc}"
         ctx.reachable[host] = why

@@ -90,6 +90,20 @@ def removed_executors(sc: Any) -> dict[str, str]:
     return out
 
 
+def executor_hosts(sc: Any) -> dict[str, str]:
+    """``{executor id: the host Spark knows it by}`` for every executor of this application (the
+    address its Worker or NodeManager advertised), from the status store; ``{}`` where it cannot be read."""
+    out: dict[str, str] = {}
+    try:
+        executors = sc._jsc.sc().statusStore().executorList(False)
+        for i in range(executors.size()):
+            e = executors.apply(i)
+            out[str(e.id())] = str(e.hostPort()).rsplit(":", 1)[0]
+    except Exception as exc:  # noqa: BLE001 - a Connect session, a stopped context, or the API changed
+        log.debug("cannot read the executors' hosts from the status store: %s", exc)
+    return out
+
+
 def memory_kill_since(sc: Any, before: set[str]):
     """The first executor gone since ``before`` (ids :func:`removed_executors` listed then) that its cluster
     manager killed for its memory (:func:`sparkdl_train.failures.memory_kill`); ``None`` when none was."""

@@ -70,7 +70,9 @@ class FitMonitor:
         live: bool,
         tls: bool = False,
         removed_before: set[str] | None = None,
+        ports: tuple[int, int] | None = None,
     ):
+        self.ports = ports  # network.ports: the report server's port comes from it
         self.sc = sc
         self.model = model
         self.callbacks = callbacks
@@ -97,7 +99,7 @@ class FitMonitor:
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> "FitMonitor":
         if self.live:  # first: if it cannot bind, nothing else has been changed yet
-            self._server = ReportServer(self.host, self._secret, tls=self._tls).start()
+            self._server = ReportServer(self.host, self._secret, tls=self._tls, ports=self.ports).start()
         sc = self.sc
         if sc is not None:
             self._saved = {k: sc.getLocalProperty(k) for k in _GROUP_PROPS}

@@ -74,8 +74,8 @@ class RendezvousServer(AuthServer):
     kind = "rendezvous server"
 
     def __init__(self, host: str, secret: bytes, timeout: float, tls: net.TlsIdentity | None = None,
-                 max_epoch_bytes: int = MAX_JOIN_BYTES):
-        super().__init__(host, secret, 0, idle_timeout=timeout + 60.0, tls=tls)
+                 max_epoch_bytes: int = MAX_JOIN_BYTES, ports: tuple[int, int] | None = None):
+        super().__init__(host, secret, 0, idle_timeout=timeout + 60.0, tls=tls, ports=ports)
         self.timeout = timeout
         self.max_epoch_bytes = max_epoch_bytes  # one rank's EPOCH frame (rank 0's carries the model's state)
         self._rounds: dict[str, _Round] = {}
@@ -126,14 +126,21 @@ class RendezvousServer(AuthServer):
             r.messages[rank] = message  # a rank that joins again (its retried task) replaces its message
             self._cv.notify_all()
             done = self._cv.wait_for(lambda: len(r.messages) == r.size or self._stopping.is_set(), self.timeout)
-            if not done or self._stopping.is_set():
+            if self._stopping.is_set():
                 self._rounds.pop(key, None)
                 return  # closing the connection tells the rank; its error names the wait
-            out = [r.messages[i] for i in range(r.size)]
-            r.delivered += 1
-            if r.delivered == r.size:
+            if done:
+                out = [r.messages[i] for i in range(r.size)]
+                r.delivered += 1
+                if r.delivered == r.size:
+                    self._rounds.pop(key, None)
+                    self.completed += 1
+            else:
                 self._rounds.pop(key, None)
-                self.completed += 1
+                missing = sorted(set(range(r.size)) - set(r.messages))
+        if not done:  # the ranks that came learn which never did (their errors name those ranks' hosts)
+            self.try_error(conn, f"ranks {missing} did not join round {key!r} within {self.timeout:g} s", missing=missing)
+            return
         net.send(conn, net.Msg.PEERS, {"messages": out})
 
     def _epoch_end(self, conn: socket.socket, worker: int, meta: dict[str, Any], arrays: list[Any]) -> None:

@@ -116,8 +116,9 @@ class ReportServer(AuthServer):
 
     kind = "report server"
 
-    def __init__(self, host: str, secret: bytes, idle_timeout: float = 21600.0, tls: net.TlsIdentity | None = None):
-        super().__init__(host, secret, 0, idle_timeout, tls=tls)
+    def __init__(self, host: str, secret: bytes, idle_timeout: float = 21600.0, tls: net.TlsIdentity | None = None,
+                 ports: tuple[int, int] | None = None):
+        super().__init__(host, secret, 0, idle_timeout, tls=tls, ports=ports)
         self.events: "queue.Queue[Report]" = queue.Queue()
         self.received = 0
 

@@ -21,6 +21,7 @@ from ..errors import ConfigError, DataError, ModelError
 from ..failures import memory_error
 from ..fs import FileSystem, join
 from ..model_io import ModelPayload, build_from_batch, build_with, check_compiled, serialize_builder, serialize_model
+from ..net import ports as port_range
 from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
 from . import warm_up
@@ -28,7 +29,7 @@ from .backend_env import executor_backend
 from .background import SparkCall
 from .connect import active_connect_session, check_reachable, context_of, is_connect, unreachable_error
 from .efficiency import few_steps_advice
-from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs, use_tls
+from .engines import Engine, EpochContext, driver_host, engine_class, evaluate_logs, server_host, use_tls
 from .executors import memory_kill_since, removed_executors
 from .inputs import make_adapter
 from .monitor import EpochStopped, FitMonitor
@@ -379,8 +380,9 @@ class SparkModel:
             if is_connect(sc) and (engine_cls.serves_workers or live):  # executors must connect back to this client
                 with phases("connect_probe"):
                     live = _connect_reach(sc, config, engine_cls, live)
-            monitor = FitMonitor(sc, model, cb, progress, launch.workers, driver_host(config, sc), config.core.report_interval,
-                                 live=live, tls=launch.tls, removed_before=gone_before)
+            host = (server_host if live else driver_host)(config, sc)  # live: the executors report to a server here
+            monitor = FitMonitor(sc, model, cb, progress, launch.workers, host, config.core.report_interval,
+                                 live=live, tls=launch.tls, removed_before=gone_before, ports=port_range.parse(config.core.ports))
             self._monitor = monitor
             loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer, launch=launch, config=config,
                               run=run)
@@ -809,7 +811,7 @@ def _connect_reach(sc: Any, config: EngineConfig, engine_cls: type, live: bool) 
     callbacks are dropped (with a warning: the bar moves per epoch). Returns whether to serve live
     reports."""
     host = driver_host(config, sc)
-    why = check_reachable(sc, host, timeout=min(config.core.connect_timeout, 5.0))
+    why = check_reachable(sc, host, timeout=min(config.core.connect_timeout, 5.0), ports=port_range.parse(config.core.ports))
     if why is None:
         return live
     if engine_cls.serves_workers:

@@ -125,9 +125,12 @@ def save_model(model: Any, out_dir: str, name: str) -> str:
 def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
     """Where the training tasks ran: the master, the executor ids Spark recorded for them, the Python
     worker pids beside the driver's, and what the executors' environment check found."""
+    from .executors import executor_hosts
+
     sc = spark.sparkContext
     parts = [i for e in stats.epochs for i in e.partitions.values()]
     env = stats.environment or []
+    hosts = executor_hosts(sc)
     return {
         "master": sc.master,
         "deploy_mode": sc.getConf().get("spark.submit.deployMode", "client"),
@@ -135,6 +138,8 @@ def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
         "executor_ids": stats.executor_ids(),
         "worker_pids": sorted({i["pid"] for i in parts}),
         "worker_hosts": sorted({i["host"] for i in parts}),
+        # the addresses Spark knows the training tasks' executors by (their Workers' or NodeManagers')
+        "executor_hosts": {e: hosts.get(e) for e in stats.executor_ids()},
         "driver_pid": os.getpid(),
         # on YARN: the containers the training tasks ran in, their NodeManagers, and the driver's own (cluster mode: the AM's)
         "containers": stats.containers(),

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import net
 from ..errors import ConfigError
+from . import ports as port_range
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +24,9 @@ class AuthServer:
     kind = "server"
 
     def __init__(self, host: str, secret: bytes, port: int = 0, idle_timeout: float = 21600.0, handshake_timeout: float = 10.0,
-                 tls: "net.TlsIdentity | None" = None):
+                 tls: "net.TlsIdentity | None" = None, ports: "port_range.PortRange | None" = None):
         self.host = host
+        self.ports = ports  # network.ports: the range a port 0 is picked from (None: any)
         self.tls = tls  # with it, every connection is TLS with this certificate before the secret's handshake
         self.port = port
         self._secret = secret
@@ -35,6 +37,7 @@ class AuthServer:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self.peers: set[str] = set()  # the addresses authenticated peers connected from
 
     # -- hooks ----------------------------------------------------------------------------
     def handle(self, conn: socket.socket, worker: int) -> None:
@@ -54,7 +57,10 @@ class AuthServer:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "AuthServer":
         try:
-            listener = socket.create_server((self.host, self.port), reuse_port=False)
+            if self.port:
+                listener = socket.create_server((self.host, self.port), reuse_port=False)
+            else:
+                listener = port_range.listener(self.host, self.ports, self.kind, backlog=128)
         except OSError as exc:  # unknown name, or an address that is not this machine's
             raise ConfigError(
                 f"the {self.kind} cannot listen on {self.host}:{self.port}: {exc}. It binds the driver's address "
@@ -148,6 +154,8 @@ class AuthServer:
                 self.rejected(peer, exc)
                 return
             conn.settimeout(self.idle_timeout)
+            with self._lock:
+                self.peers.add(str(peer[0]))
             self.handle(conn, worker)
         except (net.ProtocolError, ValueError) as exc:
             log.warning("%s: dropping worker %s (%s): %s", self.kind, worker, peer, exc)
@@ -164,8 +172,8 @@ class AuthServer:
             conn.close()
 
     @staticmethod
-    def try_error(conn: socket.socket, message: str) -> None:
+    def try_error(conn: socket.socket, message: str, **meta: Any) -> None:
         try:
-            net.send(conn, net.Msg.ERROR, {"error": message})
+            net.send(conn, net.Msg.ERROR, {"error": message, **meta})
         except OSError:
             pass

@@ -16,6 +16,7 @@ class PSClient:
     def __init__(self, host: str, port: int, secret: bytes, worker: int, timeout: float = 660.0, connect_timeout: float = 30.0,
                  max_frame_bytes: int = 1 << 34, tls: net.TlsIdentity | None = None, wire: str | None = None):
         self.worker = worker
+        self.address, self.timeout = f"{host}:{port}", timeout
         self.wire = wire  # fp16/bf16: deltas sent and weights received in that type (ps.compression)
         self.max_frame_bytes = max_frame_bytes
         self.bytes_sent = 0
@@ -24,7 +25,8 @@ class PSClient:
         try:
             self._sock = socket.create_connection((host, port), timeout=connect_timeout)
         except OSError as exc:
-            raise ConnectionError(f"cannot reach the parameter server at {host}:{port} from this executor: {exc}") from exc
+            raise ConnectionError(f"cannot reach the parameter server at {host}:{port} from this executor within "
+                                  f"{connect_timeout:g} s (spark.sparkdl_train.ps.connectTimeout): {exc}") from exc
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             self._sock = net.wrap_client(self._sock, tls, connect_timeout)
@@ -37,9 +39,17 @@ class PSClient:
     def _handshake(self, secret: bytes) -> None:
         net.client_handshake(self._sock, self.worker, secret)
 
+    def _timed_out(self) -> TimeoutError:
+        return TimeoutError(f"no answer from the parameter server at {self.address} within {self.timeout:g} s "
+                            "(spark.sparkdl_train.ps.roundTimeout + 60 s): the driver's host or the link to it is down, or "
+                            "the server is stuck")
+
     def _call(self, kind: net.Msg, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> tuple[int, list[np.ndarray]]:
-        self.bytes_sent += net.send(self._sock, kind, meta, arrays)
-        got, meta, arrays, n = net.recv(self._sock, self.max_frame_bytes, self._buffer)
+        try:
+            self.bytes_sent += net.send(self._sock, kind, meta, arrays)
+            got, meta, arrays, n = net.recv(self._sock, self.max_frame_bytes, self._buffer)
+        except socket.timeout:
+            raise self._timed_out() from None
         self.bytes_received += n
         net.expect(net.Msg.WEIGHTS, got, meta)
         if self.wire is not None:  # float32 copies (no longer views into the receive buffer)

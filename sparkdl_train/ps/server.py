@@ -26,8 +26,9 @@ class ParameterServer(AuthServer):
         idle_timeout: float = 21600.0,
         handshake_timeout: float = 10.0,
         tls: net.TlsIdentity | None = None,
+        ports: tuple[int, int] | None = None,
     ):
-        super().__init__(host, secret, port, idle_timeout, handshake_timeout, tls=tls)
+        super().__init__(host, secret, port, idle_timeout, handshake_timeout, tls=tls, ports=ports)
         self.state = state
         # a push carries one delta per weight, and for a table at most every row id twice
         # (touched and wanted, int64); allow framing overhead on top

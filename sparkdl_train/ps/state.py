@@ -56,6 +56,21 @@ class RoundTimeout(TimeoutError):
     """A synchronous round or a staleness wait outlived its timeout."""
 
 
+def straggler(last: dict[int, int], held: dict[int, float], rounds: int, seconds: float,
+              share: float = 0.75, hold: float = 0.25, min_rounds: int = 4) -> tuple[int, int, float] | None:
+    """The worker that held a pass's synchronous rounds, if one did: ``(worker, rounds it came last
+    in, seconds the others waited for it)`` when it came last in at least ``share`` of at least
+    ``min_rounds`` rounds and the waits add up to ``hold`` of the pass's ``seconds``; else None.
+    ``last`` and ``held`` are the pass's own counts (:attr:`PSStats.last_in_round`, ``held_seconds``)."""
+    if rounds < min_rounds or not last:
+        return None
+    worker = max(last, key=lambda w: (last[w], held.get(w, 0.0)))
+    waited = held.get(worker, 0.0)
+    if last[worker] >= share * rounds and waited >= hold * seconds:
+        return worker, last[worker], waited
+    return None
+
+
 @dataclass
 class PSStats:
     updates: int = 0
@@ -71,6 +86,10 @@ class PSStats:
     solo_updates: int = 0  # updates that arrived while their worker was the only one active
     worker_steps: dict[int, int] = field(default_factory=dict)
     worker_samples: dict[int, int] = field(default_factory=dict)
+    # synchronous rounds: how often each worker's push was the round's last, and the seconds the round's
+    # first push then waited for it (a straggler: a slow host, link or partition holds every round)
+    last_in_round: dict[int, int] = field(default_factory=dict)
+    held_seconds: dict[int, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_bytes(self, received: int = 0, sent: int = 0) -> None:
@@ -97,6 +116,8 @@ class PSStats:
             "solo_updates": self.solo_updates,
             "worker_steps": dict(sorted(self.worker_steps.items())),
             "worker_samples": dict(sorted(self.worker_samples.items())),
+            "last_in_round": dict(sorted(self.last_in_round.items())),
+            "held_seconds": {k: round(v, 3) for k, v in sorted(self.held_seconds.items())},
         }
 
 
@@ -231,6 +252,7 @@ class ServerState:
         self._round = 0
         self._round_acc = WeightedMean()
         self._round_pushed: set[int] = set()
+        self._round_began = 0.0  # when the round's first push arrived
         self._failed: str | None = None
         self._waiting = 0  # pushes blocked in a round or by the staleness bound
 
@@ -533,23 +555,30 @@ class ServerState:
             if worker in self._round_pushed:
                 raise ValueError(f"worker {worker} pushed twice in synchronous round {self._round}")
             my_round = self._round
+            if not self._round_pushed:
+                self._round_began = time.monotonic()  # the round's first push
             weight = max(samples, 1)
             self._round_acc = self._round_acc.merge(WeightedMean.of(list(delta), weight))
             for i, r in rows.items():
                 self._round_rows.setdefault(i, []).append((r.ids, r.rows.astype(np.float64) * weight))
             self._round_pushed.add(worker)
             self._count(worker, samples, 0)
-            self._maybe_complete_round()
+            self._maybe_complete_round(pusher=worker)
             self._wait(lambda: self._round > my_round, f"synchronous round {my_round} (waiting for workers {sorted(self._active - self._round_pushed)})")
             reply = self._reply(want)
         return self._sharded_rows({}, reply)
 
-    def _maybe_complete_round(self) -> None:
-        """Caller holds the lock."""
+    def _maybe_complete_round(self, pusher: int | None = None) -> None:
+        """Caller holds the lock; ``pusher``: the worker whose push may complete the round (None: a
+        worker left, or a wait timed out)."""
         if not self._round_pushed or not self._active <= self._round_pushed:
             return
         if len(self._joined) < self._expected and time.monotonic() < self._join_deadline:
             return  # workers of this epoch may still be starting
+        if pusher is not None and len(self._round_pushed) > 1:
+            s = self.stats
+            s.last_in_round[pusher] = s.last_in_round.get(pusher, 0) + 1
+            s.held_seconds[pusher] = s.held_seconds.get(pusher, 0.0) + time.monotonic() - self._round_began
         total = self._round_acc.total_weight
         self._apply(self._round_acc.result())
         for i, parts in self._round_rows.items():

@@ -65,6 +65,7 @@ class RingSettings:
     host: str | None = None  # None: the executor address Spark reports for this task
     tls: TlsIdentity | None = None  # the fit's ring identity (key included: every rank accepts one peer)
     rendezvous: RendezvousSettings | None = None  # the driver's rendezvous server; None: Spark's allGather
+    ports: tuple[int, int] | None = None  # network.ports: where a rank's listener (or XLA coordinator) binds
     # "gradients": every step (Horovod); "state": each rank trains its partition, the model's state is averaged at the end
     average: str = "gradients"
     state_sums: str = "float64"  # average="state": the type the weighted state is summed in on the ring
@@ -100,7 +101,7 @@ class AllreduceTrainTask:
             run = PartitionPass(self.payload, self.state, self.settings, partition, device=device, epoch=self.epoch, report=self.report)
             t0 = time.perf_counter()
             link = rendezvous(group, self.ring.host or host, self.ring.secret, self.ring.timeout, self.ring.connect_timeout,
-                              tls=self.ring.tls)
+                              tls=self.ring.tls, ports=self.ring.ports)
             run.startup["rendezvous"] = time.perf_counter() - t0
             if self.epochs == 1:
                 return self._train(run, chunks, link, rank, size)

@@ -31,6 +31,7 @@ from typing import Any, Iterable
 from ..data.batching import Batch
 from ..errors import RankError
 from ..merge import Partial
+from ..net import ports as port_range
 from .replay import Replay, local_dir
 from .tasks import task_identity
 
@@ -66,10 +67,20 @@ def decode_signature(sig: Any) -> Any:
     return np.zeros((0, *sig["shape"]), np.dtype(sig["dtype"]))
 
 
-def _free_port(host: str) -> int:
+def _free_port(host: str, ports: tuple[int, int] | None = None) -> int:
+    """A port for the XLA coordinator (JAX binds it itself): free now, from ``network.ports`` when set."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as s:
-        s.bind((host, 0))
+
+    def make(address: tuple[str, int]) -> socket.socket:
+        s = socket.socket(family)
+        try:
+            s.bind(address)
+        except OSError:
+            s.close()
+            raise
+        return s
+
+    with port_range.bind(host, ports, make, "XLA coordinator") as s:
         return s.getsockname()[1]
 
 
@@ -104,7 +115,7 @@ def run_rank(task: Any, partition: int, chunks: Iterable[Batch], barrier: Any, d
         template = replay.template
         replay.close()
         spilled = time.perf_counter() - started
-        port = _free_port(bind) if rank == 0 else 0
+        port = _free_port(bind, task.ring.ports) if rank == 0 else 0
         mine = {"host": bind, "port": port,
                 "signature": encode_signature(template) if template is not None else None}
         peers = [json.loads(m) for m in group.all_gather(json.dumps(mine))]

@@ -21,9 +21,11 @@ from helpers import SCRIPTS, submit_command
 
 @pytest.fixture(scope="module")
 def standalone_cluster(tmp_path_factory):
-    from standalone import StandaloneCluster
+    from helpers import TEST_JVM_OPTIONS
 
-    cluster = StandaloneCluster(str(tmp_path_factory.mktemp("standalone_loss"))).start()
+    from minicluster.standalone import StandaloneCluster
+
+    cluster = StandaloneCluster(str(tmp_path_factory.mktemp("standalone_loss")), jvm_options=TEST_JVM_OPTIONS).start()
     yield cluster
     cluster.stop()
 

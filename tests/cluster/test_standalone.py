@@ -1,4 +1,5 @@
-"""Jobs on a real Spark standalone cluster (Master + two Workers, tests/support/standalone.py), submitted with
+"""Jobs on a real Spark standalone cluster (Master + two Workers, minicluster/standalone.py; each Worker on a host of its
+own where the machine allows: minicluster/hosts.py), submitted with
 `spark-submit --master spark://...` and the executors' environment shipped as the README says:
 its `./run pack` line -> `--archives sparkdl_env.tar.gz#environment`. The README's own `./run submit`
 line trains the flagship job; tests/scripts/standalone_jobs.py runs three more jobs in one application. The
@@ -60,6 +61,14 @@ def _assert_ran_from_the_archive(s, cluster, master=None):
         assert python.endswith("/environment/bin/python") and python.startswith(cluster.work_dir), python
         assert module.startswith(cluster.work_dir) and "/environment/lib/" in module, module
         assert not module.startswith(ROOT), module
+    _assert_on_the_hosts(s, cluster)
+
+
+def _assert_on_the_hosts(s, cluster):
+    """With hosts of their own: the training tasks' executors were one on each Worker's host, by the
+    address Spark knows them by."""
+    if cluster.network is not None:
+        assert sorted(s["executor_hosts"].values()) == sorted(cluster.hosts), (s["executor_hosts"], cluster.hosts)
 
 
 def test_the_readme_cluster_commands_train_on_the_standalone_cluster(standalone_cluster, env_archive, spark, tmp_path):
@@ -67,7 +76,8 @@ def test_the_readme_cluster_commands_train_on_the_standalone_cluster(standalone_
     activated and no SPARK_HOME, PYSPARK_* or PYTHONPATH: its `./run pack` line built ``env_archive``
     (conftest), and here its `./run submit` line, with only the master URL and paths substituted,
     trains the flagship job from that archive on the Workers' executors. SPARK_LOCAL_IP keeps the
-    driver's sockets on loopback, as a multi-homed host's user would set it."""
+    driver's sockets on the address the Workers' hosts reach (the bridge's), as a multi-homed host's
+    user would set it."""
     from sparkdl_train.datasets import ctr
 
     data = str(tmp_path / "ctr")
@@ -76,7 +86,7 @@ def test_the_readme_cluster_commands_train_on_the_standalone_cluster(standalone_
     command = readme.substitute(submit, {"./run ": os.path.join(ROOT, "run") + " ", "spark://master-host:7077": standalone_cluster.url,
                                          "/shared/ctr": data, "jobs/train_ctr.py": os.path.join(ROOT, "jobs", "train_ctr.py")})
     where = os.path.dirname(env_archive)  # the folder the README's pack line wrote sparkdl_env.tar.gz into
-    proc = readme.run(command, where, timeout=1200, SPARK_LOCAL_IP="127.0.0.1")
+    proc = readme.run(command, where, timeout=1200, SPARK_LOCAL_IP=standalone_cluster.driver_host)
     out = proc.stdout + proc.stderr
     with open(os.path.join(where, "output", "summary.json")) as f:
         s = json.load(f)
@@ -89,25 +99,77 @@ def test_the_readme_cluster_commands_train_on_the_standalone_cluster(standalone_
     assert "test AUC" in proc.stdout and "\r" not in out  # one progress line per interval under spark-submit
 
 
+PORTS = (40100, 40149)  # spark.sparkdl_train.network.ports of the jobs' application
+
+
+def _probe(network, host, port):
+    """From host ``host``'s namespace: "open" if a connection to the driver's address at ``port`` was
+    accepted, else the error's name."""
+    import sys
+
+    code = ("import socket\ntry:\n    socket.create_connection((%r, %d), 5).close(); print('open')\n"
+            "except OSError as e:\n    print(type(e).__name__)") % (network.driver_address, port)
+    proc = subprocess.run([*network.exec_prefix(host), getattr(sys, "_base_executable", sys.executable), "-c", code],
+                          capture_output=True, text=True, timeout=60)
+    return proc.stdout.strip() or proc.stderr[-300:]
+
+
+def _firewall(network, conf, master_port):
+    """The hosts' firewall for the jobs' application: from a host, new connections to the driver's address
+    only to the Master's port, the driver's RPC and block-manager ports (fixed here) and network.ports; to
+    another host only to the block-manager port and network.ports. Checked with probes from host 0
+    before the application: a port of the range is reached, a port outside it refused."""
+    import socket
+
+    with socket.socket() as a, socket.socket() as b:
+        a.bind((network.driver_address, 0)), b.bind((network.driver_address, 0))
+        driver_port, block_port = a.getsockname()[1], b.getsockname()[1]
+    conf += [f"spark.driver.port={driver_port}", f"spark.blockManager.port={block_port}", "spark.port.maxRetries=0",
+             f"spark.sparkdl_train.network.ports={PORTS[0]}-{PORTS[1]}"]
+    span = f"{PORTS[0]}-{PORTS[1]}"
+    network.allow_only([str(master_port), str(driver_port), str(block_port), span], [str(block_port), span])
+    with socket.create_server((network.driver_address, PORTS[1])) as inside, socket.create_server((network.driver_address, 0)) as outside:
+        probes = {"inside": _probe(network, 0, inside.getsockname()[1]), "outside": _probe(network, 0, outside.getsockname()[1])}
+    return probes
+
+
 @pytest.fixture(scope="module")
 def jobs_app(standalone_cluster, env_archive, tmp_path_factory):
     """tests/scripts/standalone_jobs.py submitted once: the flagship job with its default engine, the image job and RDD fits
     in one application on the Workers' executors, from the shipped archive (one unpack per executor for
-    the three). Returns its output (stdout + stderr) and the three summaries."""
+    the three). Where the Workers are hosts of their own, the host fits too, and the whole application runs
+    behind the hosts' firewall (:func:`_firewall`): every port it opens between hosts must be one the
+    firewall allows. Returns its output (stdout + stderr) and the summaries (``"firewall"``: the probes and
+    the connections the firewall refused)."""
     out = tmp_path_factory.mktemp("standalone_jobs")
     ctr_args = ["--rows", str(ROWS), "--workers", "2", "--epochs", "2", "--features-dir", str(out / "features")]
     # 2 renderings per digit: with 1 (1,440 training images) asynchronous/batch reached 0.51 against Keras' 0.77 here;
     # with 2, in-process on local[2]: 0.768 against 0.825
     image_args = ["--copies", "2", "--workers", "2", "--epochs", "8", "--transform-threads", "2"]
-    conf = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.executor.memory=1g",
+    host = standalone_cluster.driver_host
+    conf = [f"spark.driver.host={host}", f"spark.driver.bindAddress={host}", "spark.executor.memory=1g",
             "spark.sql.execution.arrow.maxRecordsPerBatch=8192"]
-    cmd, env = submit_command(standalone_cluster.url, ["--ctr", json.dumps(ctr_args), "--images", json.dumps(image_args)], out,
-                              conf=conf, archives=env_archive, job=os.path.join(SCRIPTS, "standalone_jobs.py"))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
+    args = ["--ctr", json.dumps(ctr_args), "--images", json.dumps(image_args)]
+    network, summaries, names = standalone_cluster.network, {}, ["ctr", "images", "rdd"]
+    try:
+        if network is not None:
+            summaries["firewall"] = {"probes": _firewall(network, conf, int(standalone_cluster.url.rsplit(":", 1)[1]))}
+            args += ["--hosts", json.dumps(network.describe())]
+            names.append("hosts")
+        cmd, env = submit_command(standalone_cluster.url, args, out, conf=conf, archives=env_archive,
+                                  job=os.path.join(SCRIPTS, "standalone_jobs.py"))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
+        if network is not None:
+            summaries["firewall"]["refused"] = network.refused()
+    finally:
+        if network is not None:
+            network.open_all()
+            for i in range(network.hosts):  # a failed run may have left a link cut or slowed
+                network.restore(i)
+                network.restore_shape(i)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    summaries = {}
-    for name, file in (("ctr", "summary.json"), ("images", "images_summary.json"), ("rdd", "summary.json")):
-        with open(out / name / file) as f:
+    for name in names:
+        with open(out / name / ("images_summary.json" if name == "images" else "summary.json")) as f:
             summaries[name] = json.load(f)
     return proc.stdout + proc.stderr, summaries
 
@@ -154,6 +216,7 @@ def test_rdd_fits_on_the_standalone_executors_sample_without_costing_a_python_wo
     for name, f in s["fits"].items():
         assert f["master"] == standalone_cluster.url and f["data_source"] == "rdd", (name, f["master"])
         assert_ran_on_executors(f["executor_ids"], f["worker_pids"], f["driver_pid"])
+        _assert_on_the_hosts(f, standalone_cluster)
         for _, python, module in f["executor_environment"]:
             assert python.endswith("/environment/bin/python") and module.startswith(standalone_cluster.work_dir), (python, module)
         assert f["samples"] == [s["rows"]] * f["epochs"], (name, f["samples"])  # every row once an epoch
@@ -177,6 +240,7 @@ def test_sparse_allreduce_gradients_on_the_standalone_executors_give_the_dense_w
     for how, f in fits.items():
         assert f["master"] == standalone_cluster.url, (how, f["master"])
         assert_ran_on_executors(f["executor_ids"], f["worker_pids"], f["driver_pid"])
+        _assert_on_the_hosts(f, standalone_cluster)
     assert fits["False"]["tables"] == [] and fits["True"]["tables"] == ["table/embeddings"]
     # each epoch: one digest on both ranks, the same with rows as with whole tables
     assert fits["True"]["weights_sha256"] == fits["False"]["weights_sha256"], fits
@@ -194,6 +258,7 @@ def test_a_bfloat16_parameter_server_wire_on_the_standalone_executors_halves_the
     for wire, f in fits.items():
         assert f["master"] == standalone_cluster.url, (wire, f["master"])
         assert_ran_on_executors(f["executor_ids"], f["worker_pids"], f["driver_pid"])
+        _assert_on_the_hosts(f, standalone_cluster)
         assert f["accuracy"] >= s["reference_accuracy"] - 0.05, (wire, f["accuracy"], s["reference_accuracy"])
     assert fits["None"]["wire"] == "float32" and fits["bf16"]["wire"] == "bf16"
     assert fits["bf16"]["updates"] == fits["None"]["updates"] > 0
@@ -211,7 +276,7 @@ def test_a_connect_server_on_the_standalone_cluster_trains_from_the_archive(stan
         "spark.archives": f"{env_archive}#environment",
         "spark.executor.memory": "1g",
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",  # the client sees no executor list: the server waits
-    }, python="../environment/bin/python").start()  # a session's Python workers run in a folder of its own
+    }, python="../environment/bin/python", host=standalone_cluster.driver_host).start()  # a session's Python workers run in a folder of its own
     try:
         r = run_client(server.url, "cluster", timeout=1200)
     finally:
@@ -227,3 +292,120 @@ def test_a_connect_server_on_the_standalone_cluster_trains_from_the_archive(stan
     for _, python, module in r["environment"]:
         assert python.endswith("/environment/bin/python") and python.startswith(standalone_cluster.work_dir), python
         assert module.startswith(standalone_cluster.work_dir) and not module.startswith(ROOT), module
+
+
+# -- the Workers on hosts of their own (minicluster/hosts.py) -----------------------------------------
+
+
+def test_the_application_kept_to_the_ports_the_hosts_firewall_allows(hosts, jobs_app):
+    """The whole application (every fit above and below) ran behind the hosts' firewall: a port of
+    spark.sparkdl_train.network.ports was reached from a host, one outside it refused, and no
+    connection the application made from a host was refused (each would count here, and fail its fit)."""
+    _, summaries = jobs_app
+    fw = summaries["firewall"]
+    assert fw["probes"] == {"inside": "open", "outside": "ConnectionRefusedError"}, fw
+    assert fw["refused"] == {hosts.address(0): 1, hosts.address(1): 0}, fw  # the probe's, and nothing else
+    s = summaries["hosts"]
+    for name in ("ps_bytes", "straggler_sync", "straggler_hogwild"):
+        address = s[name]["server"]["address"]
+        assert address[0] == hosts.driver_address and PORTS[0] <= address[1] <= PORTS[1], (name, address)
+
+
+def test_engines_train_across_the_hosts_reaching_the_driver_at_its_bridge_address(hosts, jobs_app):
+    """Every host fit ran one executor on each host; the driver's servers saw their peers at the hosts'
+    addresses (the parameter server's workers, the ranks at the rendezvous), never at loopback."""
+    _, summaries = jobs_app
+    s = summaries["hosts"]
+    for name, f in [(n, s[n]) for n in ("ps_bytes", "ring_bytes", "straggler_sync", "straggler_hogwild")] + list(s["cuts"].items()):
+        assert_ran_on_executors(f["executor_ids"], f["worker_pids"], f["driver_pid"])
+        assert sorted(f["executor_hosts"].values()) == sorted(hosts.addresses), (name, f["executor_hosts"])
+    for name in ("ps_bytes", "straggler_sync", "straggler_hogwild"):  # the server saw its workers at their hosts' addresses
+        assert s[name]["server"]["peers"] == sorted(hosts.addresses), (name, s[name]["server"]["peers"])
+    assert s["ring_bytes"]["server"]["rendezvous_peers"] == sorted(hosts.addresses), s["ring_bytes"]["server"]
+    assert s["ps_bytes"]["accuracy"] > 0.85 and s["ring_bytes"]["accuracy"] > 0.85, s
+
+
+def test_a_server_on_loopback_with_executors_on_other_hosts_is_refused_before_training(hosts, jobs_app):
+    _, summaries = jobs_app
+    f = summaries["hosts"]["loopback"]
+    assert f["error"] is not None and f["error"].startswith("ConfigError: the driver's servers would listen on 127.0.0.1"), f
+    assert f"executors run on {hosts.address(0)}, {hosts.address(1)}: set spark.sparkdl_train.ps.host" in f["error"], f
+    assert f["seconds"] < 30, f
+
+
+def test_each_link_carries_what_the_engine_counted(hosts, jobs_app):
+    """The hosts' interface counters against the engines' own byte counts, on a model whose
+    exchanges are most of the traffic (TLS on for both): the parameter server's bytes in and out are what
+    the hosts sent and received, the ring's bytes sent what they sent (each rank's to the other host)."""
+    _, summaries = jobs_app
+    s = summaries["hosts"]
+    ps, ring = s["ps_bytes"], s["ring_bytes"]
+    sent = sum(v["rx"] for v in ps["links"].values())
+    received = sum(v["tx"] for v in ps["links"].values())
+    server = ps["server"]
+    assert server["bytes_in"] <= sent <= 1.1 * server["bytes_in"] + 8e6, (server["bytes_in"], sent)
+    assert server["bytes_out"] <= received <= 1.1 * server["bytes_out"] + 8e6, (server["bytes_out"], received)
+    ring_sent = sum(t["bytes_sent"] for t in ring["tasks"])
+    link_sent = sum(v["rx"] for v in ring["links"].values())
+    assert ring_sent <= link_sent <= 1.1 * ring_sent + 8e6, (ring_sent, link_sent)
+
+
+def test_a_straggler_host_holds_the_synchronous_rounds_and_is_named(hosts, jobs_app):
+    """Host 1's link at 10 Mb/s: the synchronous rounds wait for its worker and the fit says which
+    (worker, executor, host address); hogwild's workers do not wait for it."""
+    _, summaries = jobs_app
+    s = summaries["hosts"]
+    sync, hog = s["straggler_sync"], s["straggler_hogwild"]
+    stragglers = sync["server"]["stragglers"]
+    assert [r["epoch"] for r in stragglers] == [0, 1, 2], stragglers  # every epoch
+    for r in stragglers:
+        assert r["host"] == hosts.address(1) and sync["executor_hosts"][r["executor_id"]] == hosts.address(1), r
+        assert r["last_in_rounds"] >= 0.75 * r["rounds"] and r["others_waited_s"] >= 0.25 * r["epoch_s"], r
+    assert hog["server"]["stragglers"] == [] and hog["server"]["wait_seconds"] == 0.0
+    # hogwild's worker on the fast host went on at its own pace: its tasks took a fraction of the slow host's
+    by_host = {}
+    for t in hog["tasks"]:
+        by_host.setdefault(hog["executor_hosts"][t["executor_id"]], []).append(t["seconds"])
+    fast, slow = sum(by_host[hosts.address(0)]), sum(by_host[hosts.address(1)])
+    assert fast < 0.5 * slow, by_host
+
+
+def test_a_link_cut_and_restored_mid_fit_leaves_every_engines_fit_going(hosts, jobs_app):
+    """Host 1's link cut for 4 s in the middle of an epoch, then restored, under each engine: the epoch
+    waits for it (TCP resends what was lost; no timeout fires), the fit trains every row of every epoch
+    once and as well as without the cut."""
+    _, summaries = jobs_app
+    cuts = summaries["hosts"]["cuts"]
+    assert sorted(cuts) == ["allreduce", "asynchronous", "averaging", "hogwild", "synchronous"]
+    for name, f in cuts.items():
+        assert len(f["epoch_s"]) == 6 and f["cut_s"] >= 4.0, (name, f)
+        slow = [i for i, s in enumerate(f["epoch_s"]) if s >= 4.0]
+        assert slow == [f["cut_in_epoch"]], (name, f["epoch_s"])  # the epoch the cut fell in, and only it, waited for the link
+        assert f["epoch_samples"] == [1437] * 6, (name, f["epoch_samples"])
+        assert f["accuracy"] > 0.85, (name, f)
+
+
+def test_a_link_cut_past_the_rings_timeout_fails_the_fit_in_bounded_time_naming_the_host(hosts, jobs_app):
+    """Host 1's link cut for 25 s under an allreduce fit whose ranks wait 8 s (allreduce.timeout). Where
+    the cut falls decides which wait fires: between epochs, the rank that reached the rendezvous learns
+    from the driver which rank never did and names its executor's host; within an epoch, rank 0's wait
+    for rank 1's data names rank 1's address. Either way the error names host 1 and the setting; a
+    timeout is not retried (FailurePolicy), so the fit fails within the timeout and Spark's own
+    failure handling, long before the link comes back."""
+    _, summaries = jobs_app
+    f = summaries["hosts"]["cut_ring"]
+    assert f["error"] is not None and f["error"].startswith("WorkerError"), f
+    head = f["error"].split("\n")[0]
+    rendezvous = f"rank 1 (its executor at {hosts.address(1)}) never reached the rendezvous" in head and "within 8 s" in head
+    ring = f"timed out after 8 s waiting to receive from rank 1 at {hosts.address(1)}:" in head
+    assert rendezvous or ring, head
+    assert "spark.sparkdl_train.allreduce.timeout" in head, head
+    assert f["failed_after_cut_s"] < 8.0 + 12.0, f
+
+
+def test_predict_evaluate_and_the_estimator_on_the_hosts(hosts, jobs_app):
+    _, summaries = jobs_app
+    s = summaries["hosts"]
+    assert s["predict_evaluate"]["loss_diff"] < 1e-4 and s["predict_evaluate"]["max_diff"] < 1e-5, s["predict_evaluate"]
+    assert s["predict_evaluate"]["rows"] == 360
+    assert s["estimator"]["accuracy"] > 0.85 and len(s["estimator"]["executor_ids"]) == 2, s["estimator"]

@@ -21,16 +21,12 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np
 import pandas as pd
+from helpers import digits_frame as frame
 from helpers import digits_split, make_mlp
 from pyspark.sql import SparkSession
 
 from sparkdl_train import SparkModel
 from sparkdl_train.errors import ConfigError, DataError, FitCancelled
-
-
-def frame(spark, x, y, parts=2):
-    pdf = pd.DataFrame({"id": np.arange(len(x)), "features": list(x.astype("float64")), "label": y.astype("float64")})
-    return spark.createDataFrame(pdf).repartition(parts)
 
 
 def where(sm):

@@ -24,9 +24,9 @@ SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -45,18 +45,20 @@ def run_client(url: str, what: str, timeout: float = 600) -> dict:
 class ConnectServer:
     """``start()`` returns once the server's gRPC port accepts connections; ``url`` is ``sc://...``."""
 
-    def __init__(self, root: str, master: str = "local[2]", conf: dict[str, str] | None = None, python: str | None = None):
+    def __init__(self, root: str, master: str = "local[2]", conf: dict[str, str] | None = None, python: str | None = None,
+                 host: str = "127.0.0.1"):
         self.root = root
+        self.host = host  # the server's gRPC port and its driver's address (a cluster's executors must reach it)
         self.master = master
         # the executors' Python: a Connect server's planner takes it from its own PYSPARK_PYTHON
         # environment variable, not from spark.pyspark.python (docs/connect.md)
         self.python = python or sys.executable
-        self.port = free_port()
+        self.port = free_port(host)
         self.conf = {
-            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(self.port),
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.host": host,
+            "spark.driver.bindAddress": host,
             "spark.ui.enabled": "false",
             "spark.python.daemon.module": DAEMON,
             "spark.sql.shuffle.partitions": "4",
@@ -67,7 +69,7 @@ class ConnectServer:
 
     @property
     def url(self) -> str:
-        return f"sc://127.0.0.1:{self.port}"
+        return f"sc://{self.host}:{self.port}"
 
     def start(self, timeout: float = 120.0) -> "ConnectServer":
         cmd = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", self.master, "--class", SERVER_CLASS]
@@ -86,7 +88,7 @@ class ConnectServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the Spark Connect server exited ({self.proc.returncode}):\n{self.tail()}")
             try:
-                socket.create_connection(("127.0.0.1", self.port), 1).close()
+                socket.create_connection((self.host, self.port), 1).close()
                 return self
             except OSError:
                 if time.monotonic() > deadline:

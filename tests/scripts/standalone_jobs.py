@@ -6,7 +6,9 @@ import TensorFlow once for all three (each job's own assertions are the test's):
 * the image job, ``jobs/train_images.py`` (``--images`` arguments: PNG bytes decoded on the executors);
 * RDD fits of (x, y) rows, each as a user builds them, and where and how each ran (:func:`rdd_fits`),
   per-step allreduce fits with the embedding gradients whole and as rows (:func:`sparse_allreduce_fits`),
-  and parameter-server fits with float32 and bfloat16 on the wire (:func:`ps_wire_fits`):
+  parameter-server fits with float32 and bfloat16 on the wire (:func:`ps_wire_fits`), and, where the
+  Workers are hosts of their own (``--hosts``, minicluster/hosts.py), fits whose hosts' links this
+  driver measures, slows and cuts (:func:`host_fits`):
 
   * ``parallelized``: ``sc.parallelize(list(zip(x, y)))`` as Elephas' to_simple_rdd builds it: the
     JVM takes the fit's sample from its frames, no Python task;
@@ -117,16 +119,155 @@ def ps_wire_fits(spark, rdd, xt, yt) -> dict:
     return out
 
 
+def wide_mlp(seed=0):
+    """The digits MLP with two 384-wide hidden layers (176k weights, 0.7 MB): its exchanges, not
+    Spark's own messages, are most of what crosses the links."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((64,), name="pixels"), keras.layers.Dense(384, activation="relu"),
+                              keras.layers.Dense(384, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+    model.compile(keras.optimizers.Adam(0.001), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def host_fits(spark, network, out_dir: str) -> None:
+    """Fits on the Workers' hosts whose links this driver watches and changes (it runs as root beside
+    the namespaces the test made; ``network`` names them): what each link carried against what the
+    engine counted, a straggler host, a link cut and restored, a link cut past the ring's timeout,
+    predict/evaluate and the Spark ML estimator. Writes ``hosts/summary.json``."""
+    import threading
+    import time
+
+    import numpy as np
+    from helpers import digits_frame as frame
+
+    from minicluster.hosts import Link
+    from sparkdl_train.errors import SparkDLError
+    from sparkdl_train.ml import KerasEstimator
+
+    sc = spark.sparkContext
+    x, y, xt, yt = digits_split()
+    rdd = sc.parallelize(list(zip(x, y)), 2).cache()
+    rdd.count()
+    out: dict = {"addresses": network.addresses, "driver_address": network.driver_address}
+
+    def accuracy(model):
+        return float(model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"])
+
+    def measured(name, model, **kw):
+        epochs = kw.pop("epochs", 2)
+        before, t = network.counters(), time.perf_counter()
+        sm = SparkModel(model, num_workers=2, **kw)
+        sm.fit(rdd, epochs=epochs, batch_size=32, verbose=0)
+        seconds, after = time.perf_counter() - t, network.counters()
+        parts = [i for e in sm.stats.epochs for i in e.partitions.values()]
+        out[name] = {**where_it_ran(spark, sm.stats), "server": sm.stats.server, "seconds": seconds, "accuracy": accuracy(model),
+                     "epoch_s": [e.seconds for e in sm.stats.epochs],
+                     "links": {a: {k: after[a][k] - before[a][k] for k in ("rx", "tx")} for a in after},
+                     "tasks": [{k: i.get(k) for k in ("executor_id", "seconds", "pushes", "bytes_sent", "batches")} for i in parts]}
+        return sm
+
+    # what the links carried: the parameter server (TLS on) and the ring, on a model whose exchanges dominate
+    measured("ps_bytes", wide_mlp(), mode="asynchronous", frequency="batch", tls="on")
+    measured("ring_bytes", wide_mlp(), mode="allreduce", tls="on")
+    # the driver's servers on loopback while the executors are elsewhere: refused before any training stage
+    t = time.perf_counter()
+    try:
+        SparkModel(make_mlp(), mode="asynchronous", num_workers=2, ps_host="127.0.0.1").fit(rdd, epochs=1, verbose=0)
+        out["loopback"] = {"error": None}
+    except SparkDLError as exc:
+        out["loopback"] = {"error": f"{type(exc).__name__}: {exc}", "seconds": time.perf_counter() - t}
+    # a straggler host: its link at 10 Mb/s; the synchronous rounds wait for it and say so, hogwild's do not
+    network.shape(1, Link(rate="10mbit", burst="16kb"))
+    try:
+        measured("straggler_sync", make_mlp(), mode="synchronous", frequency="batch", epochs=3)
+        measured("straggler_hogwild", make_mlp(), mode="hogwild", frequency="batch", epochs=3)
+    finally:
+        network.restore_shape(1)
+
+    # a link cut for a few seconds mid-fit, then restored: the fit goes on (TCP resends what was lost)
+    def cut_during(epoch, seconds, log):
+        import keras
+
+        class Cut(keras.callbacks.Callback):
+            def on_epoch_begin(self, e, logs=None):
+                log["epoch"] = e
+                if e == epoch:
+                    def cut():
+                        time.sleep(0.3)  # into the epoch's job (or, should the epoch be shorter, the next one's)
+                        network.cut(1)
+                        log["cut_at"], log["cut_in_epoch"] = time.perf_counter(), log["epoch"]
+                        time.sleep(seconds)
+                        network.restore(1)
+                        log["restored_at"] = time.perf_counter()
+                    log["thread"] = threading.Thread(target=cut, daemon=True)
+                    log["thread"].start()
+        return Cut()
+
+    out["cuts"] = {}
+    for name, settings in (("averaging", {"mode": "synchronous"}), ("synchronous", {"mode": "synchronous", "frequency": "batch"}),
+                           ("asynchronous", {"mode": "asynchronous", "frequency": "batch"}),
+                           ("hogwild", {"mode": "hogwild", "frequency": "batch"}), ("allreduce", {"mode": "allreduce"})):
+        log: dict = {}
+        model = make_mlp()
+        sm = SparkModel(model, num_workers=2, **settings)
+        t = time.perf_counter()
+        sm.fit(rdd, epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[cut_during(2, 4.0, log)])
+        log["thread"].join()
+        out["cuts"][name] = {**where_it_ran(spark, sm.stats), "seconds": time.perf_counter() - t, "cut_s": log["restored_at"] - log["cut_at"],
+                             "cut_in_epoch": log["cut_in_epoch"], "epoch_s": [e.seconds for e in sm.stats.epochs],
+                             "epoch_samples": [e.samples for e in sm.stats.epochs], "accuracy": accuracy(model)}
+
+    # a link cut for longer than the ring's timeout: the fit fails within a bounded time, naming the host
+    log = {}
+    sm = SparkModel(make_mlp(), mode="allreduce", num_workers=2, allreduce_timeout=8.0)
+    t = time.perf_counter()
+    try:
+        sm.fit(rdd, epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[cut_during(1, 25.0, log)])
+        out["cut_ring"] = {"error": None}
+    except SparkDLError as exc:
+        out["cut_ring"] = {"error": f"{type(exc).__name__}: {exc}", "failed_after_cut_s": time.perf_counter() - log["cut_at"]}
+    log["thread"].join()
+    out["cut_ring"]["seconds"] = time.perf_counter() - t
+
+    # predict and evaluate on the hosts, and the Spark ML estimator (model averaging), against Keras in this process
+    model = make_mlp()
+    model.fit(x, y, epochs=2, batch_size=32, verbose=0)
+    test = frame(spark, xt, yt)
+    sm = SparkModel(model, num_workers=2)
+    dist = sm.evaluate(test, return_dict=True)
+    local = model.evaluate(xt, yt, verbose=0, return_dict=True)
+    rows = sm.predict(test, batch_size=100).select("id", "prediction").toPandas().sort_values("id")
+    got = np.stack(rows["prediction"].to_numpy())
+    out["predict_evaluate"] = {"loss_diff": abs(dist["loss"] - local["loss"]), "rows": len(rows),
+                               "max_diff": float(np.abs(got - model.predict(xt, verbose=0)).max())}
+    fitted = KerasEstimator(model=make_mlp(), mode="synchronous", frequency="epoch", epochs=EPOCHS, batchSize=32,
+                            numWorkers=2).fit(frame(spark, x, y))
+    scored = fitted.transform(test).select("id", "prediction").toPandas().sort_values("id")
+    out["estimator"] = {"accuracy": float((np.argmax(np.stack(scored["prediction"].to_numpy()), axis=1) == yt).mean()),
+                        "executor_ids": fitted.fitStats["executor_ids"]}
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    print("host fits: " + ", ".join(f"{k} {v.get('accuracy', '')}" for k, v in out.items() if isinstance(v, dict)))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--output", required=True)
     p.add_argument("--ctr", required=True, help="train_ctr.py's arguments, as a JSON list")
     p.add_argument("--images", required=True, help="train_images.py's arguments, as a JSON list")
+    p.add_argument("--hosts", help="the Workers' host network (minicluster.hosts.HostNetwork.describe()), as JSON")
     args = p.parse_args()
     spark, _, out_dir = start_job("sparkdl_train-standalone-jobs", args.output)
     load_job("train_ctr").main([*json.loads(args.ctr), "--output", os.path.join(out_dir, "ctr")], spark=spark)
     load_job("train_images").main([*json.loads(args.images), "--output", os.path.join(out_dir, "images")], spark=spark)
     rdd_fits(spark, os.path.join(out_dir, "rdd"))
+    if args.hosts:
+        from minicluster.hosts import HostNetwork
+
+        host_fits(spark, HostNetwork.attach(json.loads(args.hosts)), os.path.join(out_dir, "hosts"))
     spark.stop()
 
 

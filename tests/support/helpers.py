@@ -25,6 +25,15 @@ DAEMON = "sparkdl_train.worker.daemon"  # what ./run job and the shipped conf fi
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
+def digits_frame(spark, x, y, parts=2):
+    """Digits rows as a DataFrame: ``id``, ``features`` (an array of doubles), ``label``."""
+    import numpy as np
+    import pandas as pd
+
+    pdf = pd.DataFrame({"id": np.arange(len(x)), "features": list(x.astype("float64")), "label": y.astype("float64")})
+    return spark.createDataFrame(pdf).repartition(parts)
+
+
 def settle(condition, timeout=10.0, interval=0.02):
     """Poll ``condition()`` until it is true or ``timeout`` seconds have passed; returns its last
     value (the caller asserts, or records, what it found)."""

@@ -99,7 +99,7 @@ def test_one_networking_package_serves_every_server():
     for mod, deps in graph.items():
         if mod.startswith("sparkdl_train.net"):
             assert deps <= {"sparkdl_train.wire", "sparkdl_train.errors", "sparkdl_train.net", "sparkdl_train.net.framing",
-                            "sparkdl_train.net.auth", "sparkdl_train.net.tls"}, (mod, deps)
+                            "sparkdl_train.net.auth", "sparkdl_train.net.tls", "sparkdl_train.net.ports"}, (mod, deps)
 
 
 def test_the_package_exports_load_lazily_and_all_resolve():

@@ -12,7 +12,7 @@ from helpers import wait_until
 from sparkdl_train import net
 from sparkdl_train.ps.client import PSClient
 from sparkdl_train.ps.server import ParameterServer
-from sparkdl_train.ps.state import RoundTimeout, ServerState
+from sparkdl_train.ps.state import RoundTimeout, ServerState, straggler
 
 W = [np.zeros((4, 3), np.float32), np.zeros(3, np.float32)]
 
@@ -88,6 +88,34 @@ def test_sync_applies_weighted_mean_once_all_workers_pushed():
     assert out[0].version == out[1].version == 1
     np.testing.assert_allclose(out[0].arrays[0], (1.0 * 30 + 4.0 * 10) / 40)
     assert s.stats.rounds == 1
+
+
+def test_sync_rounds_name_the_worker_they_waited_for():
+    """Every round waits for worker 1's push: it comes last in each, the others' wait is counted, and
+    straggler() names it; a worker leaving completes a round without counting as its last."""
+    s = ServerState(W, "synchronous", join_timeout=5)
+    s.begin_epoch(2)
+    s.join(0), s.join(1)
+    for _ in range(4):
+        t = threading.Thread(target=s.push, args=(0, s.version, ones(1.0), 5))
+        t.start()
+        wait_until(lambda: s.waiting() == 1, what="worker 0 to wait in the round")
+        time.sleep(0.05)
+        s.push(1, s.version, ones(1.0), 5)
+        t.join(5)
+    st = s.stats.as_dict()
+    assert st["last_in_round"] == {1: 4} and st["held_seconds"][1] >= 0.2, st
+    assert straggler(st["last_in_round"], st["held_seconds"], st["rounds"], seconds=0.5) == (1, 4, st["held_seconds"][1])
+    # not when the waits are a small share of the pass, nor over too few rounds, nor when the last one varies
+    assert straggler(st["last_in_round"], st["held_seconds"], st["rounds"], seconds=100.0) is None
+    assert straggler({1: 3}, {1: 9.0}, 3, seconds=10.0) is None
+    assert straggler({0: 2, 1: 2}, {0: 5.0, 1: 5.0}, 4, seconds=10.0) is None
+    t = threading.Thread(target=s.push, args=(0, s.version, ones(1.0), 5))
+    t.start()
+    wait_until(lambda: s.waiting() == 1, what="worker 0 to wait in the round")
+    s.leave(1)
+    t.join(5)
+    assert s.stats.as_dict()["last_in_round"] == {1: 4} and s.stats.rounds == 5
 
 
 def test_sync_round_completes_when_the_other_worker_finishes():

@@ -56,18 +56,23 @@ def test_every_rank_gets_every_message_in_rank_order(server):
     assert out == [["0", "1"], ["0", "1"]] and server.completed == 2 and server._rounds == {}
 
 
-def test_a_retried_stage_is_a_new_round(server):
-    """Attempt 0 of an epoch lost a rank (it never joined); its stage's retry meets in a round of
-    its own and completes, whatever attempt 0 left waiting."""
-    lone = run_ranks(1, lambda r: _expect_timeout(group(server, 0, 2, timeout=1.0)))[0][0]
-    assert lone < 3.0
-    out, errs = run_ranks(2, lambda r: group(server, r, 2, attempt=1).all_gather(str(r)))
-    assert errs == [None, None] and out == [["0", "1"], ["0", "1"]]
+def test_a_retried_stage_is_a_new_round():
+    """Attempt 0 of an epoch lost a rank (it never joined): the server's timeout ends the round, and
+    the rank that came learns which rank never did and where its executor is; the stage's retry meets
+    in a round of its own and completes, whatever attempt 0 left waiting."""
+    secret = net.new_secret()
+    with RendezvousServer("127.0.0.1", secret, timeout=1.0) as srv:
+        srv.secret = secret
+        lone = run_ranks(1, lambda r: _expect_timeout(group(srv, 0, 2, timeout=1.0)))[0][0]
+        assert lone < 3.0
+        out, errs = run_ranks(2, lambda r: group(srv, r, 2, attempt=1).all_gather(str(r)))
+        assert errs == [None, None] and out == [["0", "1"], ["0", "1"]]
 
 
 def _expect_timeout(g):
     t0 = time.monotonic()
-    with pytest.raises(RingTimeout, match="rank 0: rendezvous through the driver's rendezvous server at 127.0.0.1"):
+    with pytest.raises(RingTimeout, match=r"rank 0: rank 1 \(its executor at 127.0.0.1\) never reached the rendezvous through "
+                                          r"the driver's rendezvous server at 127.0.0.1:\d+ within 1 s \(spark.sparkdl_train.allreduce.timeout\)"):
         g.all_gather("alone")
     return time.monotonic() - t0
 
@@ -77,10 +82,35 @@ def test_a_round_that_never_completes_fails_every_waiting_rank_in_bounded_time()
     with RendezvousServer("127.0.0.1", secret, timeout=1.0) as srv:
         srv.secret = secret
         t0 = time.monotonic()
-        with pytest.raises(RingTimeout, match="closed the rendezvous"):
+        with pytest.raises(RingTimeout, match=r"rank 1: rank 0 \(its executor at 127.0.0.1\), rank 2 \(its executor at 127.0.0.1\) never"):
             group(srv, 1, 3, timeout=30.0).all_gather("x")  # the server gives up after its own 1 s
         assert time.monotonic() - t0 < 5.0
         assert srv._rounds == {}
+
+
+def test_a_stopping_server_closes_the_rounds_it_holds():
+    secret = net.new_secret()
+    srv = RendezvousServer("127.0.0.1", secret, timeout=30.0).start()
+    srv.secret = secret
+    errs = []
+
+    def wait():
+        try:
+            group(srv, 0, 2, timeout=30.0).all_gather("x")
+        except RingError as exc:
+            errs.append(exc)
+
+    import threading
+
+    t = threading.Thread(target=wait)
+    t.start()
+    deadline = time.monotonic() + 5
+    while not srv._rounds and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    srv.stop()
+    t.join(10)
+    assert time.monotonic() - t0 < 5.0 and len(errs) == 1 and "closed the rendezvous" in str(errs[0]), errs
 
 
 def test_peers_with_the_wrong_secret_or_a_false_rank_are_refused(server):

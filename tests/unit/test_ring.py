@@ -234,7 +234,32 @@ def test_slow_rank_times_out_with_its_rank_named():
     start = time.monotonic()
     _, errs = run_ranks(size, work)
     assert time.monotonic() - start < 10
-    assert isinstance(errs[0], RingTimeout) and "rank 2" in str(errs[0]), errs
+    # the peer's address too: on a cluster, the host whose process or link failed
+    assert isinstance(errs[0], RingTimeout) and "rank 2 at 127.0.0.1:" in str(errs[0]), errs
+    assert "spark.sparkdl_train.allreduce.timeout" in str(errs[0])
+
+
+def test_ring_listeners_bind_in_the_port_range():
+    """network.ports: every rank's listener takes a port of the range (below the system's ephemeral
+    ports, which other tests' sockets take from)."""
+    groups = ThreadGroup.create(3)
+    ports = (24311, 24315)
+    seen = []
+
+    def work(r):
+        link = rendezvous(groups[r], "127.0.0.1", SECRET, 10.0, 10.0, ports=ports)
+        try:
+            seen.append(link.to_next.getpeername()[1])
+            buf = np.full(10, float(r), np.float32)
+            ring.allreduce_sum(buf, link, r, 3)
+            return buf
+        finally:
+            link.close()
+
+    bufs, errs = run_ranks(3, work)
+    assert errs == [None] * 3, errs
+    assert len(set(seen)) == 3 and all(24311 <= p <= 24315 for p in seen), seen
+    assert all(np.all(b == 3.0) for b in bufs)
 
 
 def test_abort_names_the_failing_rank_on_its_neighbour():

@@ -235,3 +235,16 @@ def test_a_half_width_ps_wire_halves_the_nics_bytes_not_the_servers_float32_work
     a = sm.predict(sm.Engine("ps", "asynchronous", 1, sparse=False), light, 64, NET, SERVER, RING, FREE_SPARK)
     b = sm.predict(sm.Engine("ps", "asynchronous", 1, sparse=False, ps_wire="fp16"), light, 64, NET, SERVER, RING, FREE_SPARK)
     assert a.bottleneck == b.bottleneck == "server" and b.efficiency == pytest.approx(a.efficiency, rel=0.05)
+
+
+def test_hosts_links_bound_the_broadcast_and_the_partials_when_the_driver_is_faster():
+    """bench.net.links' topology: each host's link shaped, the driver's side (a bridge) as fast as the
+    loopback. The state's broadcast and the partials cross the hosts' links; with the driver's NIC no
+    faster than theirs (every other projection) nothing changes."""
+    same = sm.Network(nic_gbps=1)
+    fast_driver = sm.Network(nic_gbps=1, driver_nic_gbps=24)
+    mb = 1e6
+    assert sm.broadcast_seconds(2, mb, fast_driver) == sm.broadcast_seconds(2, mb, same) == pytest.approx(2 * mb / (1e9 / 8))
+    assert sm.merge_seconds(2, mb, same, sm.SparkCosts(0, 0, merge_bytes_per_s=1e18)) == pytest.approx(2 * mb / (1e9 / 8))
+    # the driver takes two partials at 24 Gb/s, but each leaves its host at 1 Gb/s, both at once
+    assert sm.merge_seconds(2, mb, fast_driver, sm.SparkCosts(0, 0, merge_bytes_per_s=1e18)) == pytest.approx(mb / (1e9 / 8))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ...modes import engine_class, modes, register
 from .allreduce import AllreduceEngine
 from .averaging import AveragingEngine
-from .base import Engine, EpochContext, Launch, driver_host, evaluate_logs, run_epoch, use_tls
+from .base import Engine, EpochContext, Launch, driver_host, evaluate_logs, run_epoch, server_host, use_tls
 from .parameter_server import ParameterServerEngine
 
 __all__ = [
@@ -24,5 +24,6 @@ __all__ = [
     "modes",
     "register",
     "run_epoch",
+    "server_host",
     "use_tls",
 ]

@@ -33,6 +33,7 @@ from ...failures import Cause, FailurePolicy
 from ...merge import Partial
 from ...model_io import get_state, metrics_result, set_metric_state, set_state
 from ...net import new_identity, new_secret
+from ...net import ports as port_range
 from ...worker.allreduce_task import AllreduceTrainTask, RingSettings
 from ..background import SparkCall
 from ..connect import check_reachable, is_connect
@@ -40,7 +41,7 @@ from ..executors import locate
 from ..rendezvous import RendezvousServer
 from ..sparse_tables import find_tables, gradient_tables
 from ..stats import EpochStats
-from .base import Engine, EpochContext, Launch, driver_host, run_epoch
+from .base import Engine, EpochContext, Launch, driver_host, run_epoch, server_host
 from .slots import barrier_slots, check_barrier_launch
 
 log = logging.getLogger(__name__)
@@ -126,9 +127,10 @@ class AllreduceEngine(Engine):
         self.totals = {"steps": 0, "bytes_sent": 0, "bytes_received": 0, "comm_seconds": 0.0, "epoch_retries": 0, "stages": 0}
         # the ranks' rendezvous through the driver (milliseconds) instead of Spark's allGather (about 1 s
         # an epoch): on a cluster whose executors reach the driver's servers (sparkdl_train.driver.rendezvous)
-        self.host = driver_host(config, sc) if sc is not None else None
         use = sc is not None and config.allreduce.rendezvous == "driver" and launch.workers > 1
-        if use and is_connect(sc) and check_reachable(sc, self.host, timeout=min(config.core.connect_timeout, 5.0)) is not None:
+        self.host = (server_host if use else driver_host)(config, sc) if sc is not None else None
+        if use and is_connect(sc) and check_reachable(sc, self.host, timeout=min(config.core.connect_timeout, 5.0),
+                                                         ports=port_range.parse(config.core.ports)) is not None:
             log.info("allreduce: executors cannot reach this Spark Connect client; ranks meet through Spark's allGather")
             use = False
         per_stage = config.allreduce.epochs_per_stage
@@ -144,7 +146,7 @@ class AllreduceEngine(Engine):
             limit = max(2 * sum(np.asarray(v).nbytes for v in get_state(model)), 5 * weights) + (1 << 22)
         self.rendezvous = RendezvousServer(self.host, self.secret, config.allreduce.timeout,
                                            tls=new_identity("sparkdl_train rendezvous") if launch.tls else None,
-                                           max_epoch_bytes=limit) if use else None
+                                           max_epoch_bytes=limit, ports=port_range.parse(config.core.ports)) if use else None
         self._stage: _Stage | None = None
 
     def __enter__(self) -> "AllreduceEngine":
@@ -159,6 +161,7 @@ class AllreduceEngine(Engine):
         if self.rendezvous is not None:
             self.totals["driver_rendezvous_rounds"] = self.rendezvous.completed
             self.totals["epoch_ends_in_stage"] = self.rendezvous.boundaries_passed
+            self.totals["rendezvous_peers"] = sorted(self.rendezvous.peers)  # where the ranks connected from
             self.rendezvous.stop()
 
     def stats(self) -> dict[str, Any]:
@@ -175,7 +178,7 @@ class AllreduceEngine(Engine):
         return RingSettings(
             self.secret, average=self.average, state_sums=c.allreduce.state_sums, timeout=c.allreduce.timeout, connect_timeout=c.core.connect_timeout,
             compression=None if c.allreduce.compression in (None, "none") else c.allreduce.compression, lr_scaling=c.allreduce.lr_scaling,
-            tls=self.tls, collectives=c.allreduce.collectives,
+            tls=self.tls, collectives=c.allreduce.collectives, ports=port_range.parse(c.core.ports),
             rendezvous=None if self.rendezvous is None else RendezvousSettings(
                 self.host, self.rendezvous.port, self.secret, round_,
                 tls=self.rendezvous.tls.for_clients() if self.rendezvous.tls is not None else None),

@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from ...config import EngineConfig
 from ...data.adapters import DataAdapter
-from ...errors import DataError
+from ...errors import ConfigError, DataError
 from ...merge import Partial
 from ...model_io import metrics_result, set_metric_state
 from ...net import tls
@@ -162,6 +162,50 @@ def driver_host(config: EngineConfig, sc: Any) -> str:
         return client_address(sc.session)
     return config.core.host or (conf_values(sc, ["spark.driver.host"]).get("spark.driver.host") if sc is not None else None) \
         or socket.gethostname()
+
+
+def server_host(config: EngineConfig, sc: Any) -> str:
+    """:func:`driver_host`, for a server the executors connect to: a loopback address while executors run on
+    other hosts fails here, before any training stage, naming the settings (they would time out connecting)."""
+    host = driver_host(config, sc)
+    if sc is None or not _loopback(host):
+        return host
+    from ..executors import executor_hosts
+
+    elsewhere = sorted({h for e, h in executor_hosts(sc).items() if e != "driver" and h and not _this_machine(h)})
+    if elsewhere:
+        setting = ("spark.sparkdl_train.ps.host" if config.core.host else
+                   "spark.driver.host (or spark.sparkdl_train.ps.host, for sparkdl_train's servers alone)")
+        raise ConfigError(f"the driver's servers would listen on {host}, a loopback address, but executors run on "
+                          f"{', '.join(elsewhere)}: set {setting} to an address of this machine they can reach")
+    return host
+
+
+def _this_machine(host: str) -> bool:
+    """Whether ``host`` is an address of this machine (an executor there reaches the driver's loopback)."""
+    if _loopback(host):
+        return True
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((host.strip("[]"), 0))  # only this machine's own addresses can be bound
+        return True
+    except OSError:
+        return False
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        try:
+            return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+        except (OSError, ValueError):
+            return False
 
 
 def evaluate_logs(model: Any, adapter: DataAdapter, refs: SharedRefs, settings: StepSettings, description: str) -> dict[str, float]:

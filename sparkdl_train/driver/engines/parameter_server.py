@@ -16,14 +16,16 @@ from ...config import EngineConfig
 from ...data.adapters import DataAdapter
 from ...model_io import assign, exchanged_positions, metrics_result, set_metric_state, set_optimizer_state
 from ...net import new_identity, new_secret
+from ...net import ports as port_range
 from ...ps.protocol import dense_exchange_bytes
 from ...ps.server import ParameterServer
-from ...ps.state import ServerState
+from ...ps.state import ServerState, straggler
 from ...worker.ps_task import PSSettings, PSTrainTask, local_weights
 from ...worker.steps import largest_divisor
+from ..executors import executor_hosts
 from ..sparse_tables import find_tables
 from ..stats import EpochStats
-from .base import Engine, EpochContext, Launch, driver_host, run_epoch
+from .base import Engine, EpochContext, Launch, run_epoch, server_host
 from .slots import check_concurrent_slots
 
 log = logging.getLogger(__name__)
@@ -49,8 +51,10 @@ class ParameterServerEngine(Engine):
 
     def __init__(self, config: EngineConfig, model: Any, sc: Any, launch: Launch):
         super().__init__(config, model, sc, launch)
+        self.sc = sc
+        self.stragglers: list[dict[str, Any]] = []
         workers = self.workers
-        host = driver_host(config, sc)
+        host = server_host(config, sc)
         self.secret = new_secret()
         self.tables = find_tables(model) if config.ps.sparse_embeddings is not False else ()
         self.wire = config.ps.compression if config.ps.compression not in (None, "none") else None  # ps.compression
@@ -72,7 +76,8 @@ class ParameterServerEngine(Engine):
         )
         self.dense_bytes_per_push = dense_exchange_bytes(weights)
         self.tls = new_identity("sparkdl_train parameter server") if launch.tls else None
-        self.server = ParameterServer(self.state, host, self.secret, port=config.ps.port, idle_timeout=config.ps.idle_timeout, tls=self.tls)
+        self.server = ParameterServer(self.state, host, self.secret, port=config.ps.port, idle_timeout=config.ps.idle_timeout, tls=self.tls,
+                                      ports=port_range.parse(config.core.ports))  # ps.port, when set, lies in it (EngineConfig)
         self.every = push_interval(config)
         # Applied one by one, K full deltas move the model K times as far as one worker would:
         # by default scale them by 1/K so each update counts as one K-th of an averaged step.
@@ -100,6 +105,8 @@ class ParameterServerEngine(Engine):
         return {
             **st,
             "address": list(self.server.address),
+            "peers": sorted(self.server.peers),  # where the workers connected from
+            "stragglers": self.stragglers,  # synchronous epochs one worker held (_report_straggler)
             "delta_scale": self.scale,
             "sparse_tables": [t.name for t in self.tables],
             "table_shards": self.state.shards,
@@ -110,6 +117,29 @@ class ParameterServerEngine(Engine):
             "dense_bytes_per_push": self.dense_bytes_per_push,
             "dense_to_actual_bytes": self.dense_bytes_per_push / per_push if per_push else None,
         }
+
+    def _report_straggler(self, before: dict[str, Any], after: dict[str, Any], epoch: EpochStats) -> None:
+        """Warn about (and keep, in ``stats()["stragglers"]``) the worker whose pushes the epoch's
+        synchronous rounds waited for, naming its executor and host."""
+        last = {w: n - before["last_in_round"].get(w, 0) for w, n in after["last_in_round"].items()}
+        held = {w: s - before["held_seconds"].get(w, 0.0) for w, s in after["held_seconds"].items()}
+        found = straggler(last, held, after["rounds"] - before["rounds"], epoch.seconds)
+        if found is None:
+            return
+        worker, rounds, waited = found
+        info = epoch.partitions.get(worker, {})
+        executor = info.get("executor_id")
+        host = self.executor_hosts.get(str(executor)) if executor is not None else None
+        record = {"epoch": epoch.epoch, "worker": worker, "executor_id": executor, "host": host, "last_in_rounds": rounds,
+                  "rounds": after["rounds"] - before["rounds"], "others_waited_s": round(waited, 3), "epoch_s": round(epoch.seconds, 3)}
+        self.stragglers.append(record)
+        log.warning("synchronous PS, epoch %d: worker %d (executor %s on %s) came last in %d of %d rounds; the others waited "
+                    "%.1f s of the epoch's %.1f s for it (a slow host, link or partition: the asynchronous modes do not wait)",
+                    epoch.epoch + 1, worker, executor, host or "?", rounds, record["rounds"], waited, epoch.seconds)
+
+    @property
+    def executor_hosts(self) -> dict[str, str]:
+        return executor_hosts(self.sc) if self.sc is not None else {}
 
     def stopped(self, model: Any) -> None:
         """An epoch was cancelled midway: take the server's weights, the latest there are."""
@@ -133,7 +163,10 @@ class ParameterServerEngine(Engine):
             exchanged=None if len(self.exchanged) == len(model.weights) else self.exchanged,
         )
         self.state.begin_epoch(self.workers)
+        before = self.state.stats.as_dict()
         partial, stats = run_epoch(ctx, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r))
+        if self.config.mode == "synchronous":
+            self._report_straggler(before, self.state.stats.as_dict(), stats)
         self._take_server_weights(model)
         if partial.model.sums is not None:
             kept = partial.model.result()  # the optimizer's state, then the weights the server does not hold

@@ -1,5 +1,9 @@
-"""A real Spark standalone cluster for the tests: one Master and two Workers started with the
-pip-installed pyspark's ``spark-class``, on 127.0.0.1 with ports the daemons pick themselves.
+"""A real Spark standalone cluster on this machine (the tests', and bench.net.links'): one Master and two Workers started with the
+pip-installed pyspark's ``spark-class``, with ports the daemons pick themselves. On 127.0.0.1, or
+with ``network`` (:mod:`minicluster.hosts`) on hosts of their own: the Master on the bridge's address
+(the driver's side), each Worker, and so its executors and their Python workers, in a network
+namespace with its own address and a shaped link; executors then reach the driver only at the
+bridge's address (:attr:`StandaloneCluster.driver_host`).
 
 The daemons run from a scratch directory with a minimal environment (no PYTHONPATH, no
 PYSPARK_PYTHON, no virtualenv on PATH): executors they launch cannot import this checkout, so
@@ -29,14 +33,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pyspark
-from helpers import TEST_JVM_OPTIONS
+
+from .hosts import HostNetwork
 
 SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
 _MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
 _REGISTERED = re.compile(r"Registering worker (\S+)")
 
 
-def daemon_env(root: str) -> dict[str, str]:
+def daemon_env(root: str, jvm_options: str = "") -> dict[str, str]:
     """What a cluster node's daemon sees: Java and the Spark installation, nothing of this checkout."""
     env = {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -47,7 +52,7 @@ def daemon_env(root: str) -> dict[str, str]:
         "SPARK_LOCAL_DIRS": os.path.join(root, "local"),  # executors' scratch: fetched archives, blocks
         # an executor downloads each --archives file into a fresh java.io.tmpdir folder before unpacking
         # it and deletes that only at a clean exit: every killed executor left 0.4 GB in /tmp
-        "JAVA_TOOL_OPTIONS": f"{TEST_JVM_OPTIONS} -Djava.io.tmpdir={os.path.join(root, 'tmp')}",
+        "JAVA_TOOL_OPTIONS": f"{jvm_options} -Djava.io.tmpdir={os.path.join(root, 'tmp')}".strip(),
         "LANG": "C.UTF-8",
     }
     if os.environ.get("JAVA_HOME"):
@@ -65,15 +70,33 @@ class StandaloneCluster:
     procs: list[subprocess.Popen] = field(default_factory=list)
     worker_procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # live Workers by log name
     replaced: list[dict] = field(default_factory=list)  # Workers found dead and replaced, with times
+    network: HostNetwork | None = None  # None: every daemon on 127.0.0.1
+    worker_hosts: dict[str, int] = field(default_factory=dict)  # Worker's log name -> its host's index
+    unavailable: str | None = None  # why this cluster has no hosts of its own (network None)
+    jvm_options: str = ""  # JAVA_TOOL_OPTIONS of the daemons and their executors (the tests': C1 only, serial GC)
+
+    @property
+    def driver_host(self) -> str:
+        """The address a driver binds and advertises (``spark.driver.host``) so that executors reach it."""
+        return self.network.driver_address if self.network is not None else "127.0.0.1"
+
+    @property
+    def hosts(self) -> list[str]:
+        """The Workers' addresses (on loopback, one for all)."""
+        return self.network.addresses if self.network is not None else ["127.0.0.1"]
 
     def _log(self, name: str) -> str:
         return os.path.join(self.root, "logs", f"{name}.log")
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+    def _spawn(self, name: str, *args: str, host: int | None = None) -> subprocess.Popen:
         log = open(self._log(name), "wb")  # noqa: SIM115 - the daemon owns it until stopped
+        env, prefix = daemon_env(self.root, self.jvm_options), []
+        if host is not None:  # `ip netns exec` execs the daemon: the pid (and process group) is the daemon's
+            prefix = self.network.exec_prefix(host)
+            env["SPARK_LOCAL_IP"] = self.network.address(host)
         proc = subprocess.Popen(
-            [os.path.join(SPARK_HOME, "bin", "spark-class"), *args],
-            cwd=self.root, env=daemon_env(self.root), stdout=log, stderr=subprocess.STDOUT,
+            [*prefix, os.path.join(SPARK_HOME, "bin", "spark-class"), *args],
+            cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,  # its own process group: executors die with it
         )
         self.procs.append(proc)
@@ -98,18 +121,19 @@ class StandaloneCluster:
         for d in ("conf", "logs", "work", "local", "tmp"):
             os.makedirs(os.path.join(self.root, d), exist_ok=True)
         atexit.register(self.stop)
-        self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0", "--webui-port", "0")
+        self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", self.driver_host, "--port", "0", "--webui-port", "0")
         self.url = self._wait_for("master", _MASTER_URL, 1, timeout)[0]
         for i in range(self.workers):
-            self._start_worker(f"worker{i}")
+            self._start_worker(f"worker{i}", i % len(self.hosts))
         self._wait_for("master", _REGISTERED, self.workers, timeout)
         return self
 
-    def _start_worker(self, name: str) -> None:
+    def _start_worker(self, name: str, host: int) -> None:
+        self.worker_hosts[name] = host
         self.worker_procs[name] = self._spawn(
-            name, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
+            name, "org.apache.spark.deploy.worker.Worker", "--host", self.hosts[host], "--port", "0",
             "--webui-port", "0", "--cores", str(self.cores), "--memory", self.memory,
-            "--work-dir", os.path.join(self.root, "work"), self.url,
+            "--work-dir", os.path.join(self.root, "work"), self.url, host=host if self.network is not None else None,
         )
 
     def replace_lost_workers(self) -> list[str]:
@@ -122,7 +146,7 @@ class StandaloneCluster:
             del self.worker_procs[name]
             self.procs.remove(proc)  # reaped: not a daemon that failed to start
             new = f"{name.split('-')[0]}-{len(self.replaced) + 1}"
-            self._start_worker(new)
+            self._start_worker(new, self.worker_hosts[name])  # the node came back: same host
             self.replaced.append({"lost": name, "pid": proc.pid, "new": new, "at": time.monotonic()})
             started.append(new)
         return started
