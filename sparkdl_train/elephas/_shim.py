@@ -48,7 +48,8 @@ def _caller_level() -> int:
 IGNORED_ARGUMENTS = {
     "parameter_server_mode": "sparkdl_train has one parameter server: a binary protocol over TCP with a per-fit "
                              "secret (no HTTP or pickle); its transport is not chosen",
-    "port": "the parameter server takes a free port per fit; to fix one (a firewall rule), pass ps_port=... or set "
+    "port": "the parameter server takes a free port per fit; for a firewall rule, set a range every server of a fit "
+            "takes its port from (spark.sparkdl_train.network.ports=LOW-HIGH), or fix this one with ps_port=... or "
             "spark.sparkdl_train.ps.port",
 }
 

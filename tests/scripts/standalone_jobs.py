@@ -134,8 +134,9 @@ def wide_mlp(seed=0):
 def host_fits(spark, network, out_dir: str) -> None:
     """Fits on the Workers' hosts whose links this driver watches and changes (it runs as root beside
     the namespaces the test made; ``network`` names them): what each link carried against what the
-    engine counted, a straggler host, a link cut and restored, a link cut past the ring's timeout,
-    predict/evaluate and the Spark ML estimator. Writes ``hosts/summary.json``."""
+    engine counted, a server address on loopback refused, a straggler host, a link cut and restored
+    under each engine, a link cut past the ring's timeout, predict/evaluate and the Spark ML estimator.
+    Writes ``hosts/summary.json``."""
     import threading
     import time
 
