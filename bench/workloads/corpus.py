@@ -478,7 +478,9 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
     Shape("lstm", lstm_model, _sequences, "tokens"),
     Shape("transformer", transformer_model, _sequences, "tokens", builder=True),
     Shape("regression", regression_model, _regression, "features", metric="mae", lower_is_better=True, epoch_multiple=2),
-    Shape("two_tower_ranking", ranking_model, _interactions, {"user": "user", "item": "item"}, epoch_multiple=2),
+    # 3: the asynchronous modes need 5 epochs to reach Keras' 2-epoch metric (docs/models.md's table, bench.e2e.model_epochs);
+    # with 4, hogwild's interleaving left it 0.001 under the tolerance in a CI run (0.7734 against 0.8242)
+    Shape("two_tower_ranking", ranking_model, _interactions, {"user": "user", "item": "item"}, epoch_multiple=3),
 ]}
 
 
