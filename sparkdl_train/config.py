@@ -369,6 +369,13 @@ class CoreConfig(_Group):
         "docs/performance.md.",
         argument=False)
 
+    @property
+    def port_range(self) -> tuple[int, int] | None:
+        """``network.ports`` as ``(low, high)`` (None: any port)."""
+        from .net.ports import parse
+
+        return parse(self.ports)
+
 
 @dataclass(frozen=True)
 class DataConfig(_Group):
@@ -583,7 +590,7 @@ class EngineConfig:
         core = groups["core"]
         from .net import ports
 
-        ports.check_port(groups["ps"].port, ports.parse(core.ports), "spark.sparkdl_train.ps.port")
+        ports.check_port(groups["ps"].port, core.port_range, "spark.sparkdl_train.ps.port")
         if core.frequency is None:
             object.__setattr__(core, "frequency", "batch" if core.mode == "allreduce" else "epoch")
         if core.mode == "allreduce" and core.frequency not in ("batch", "epoch"):

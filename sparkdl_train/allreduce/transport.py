@@ -87,7 +87,7 @@ class TcpLink:
             s.settimeout(timeout)
         # where each neighbour is ("host:port"), named in errors: on a cluster, the host whose link or
         # process failed
-        self.addresses = {self.next_rank: _address(to_next, "peer"), self.prev_rank: _address(from_prev, "peer")}
+        self.addresses = {self.next_rank: _peer(to_next), self.prev_rank: _peer(from_prev)}
         self._send_seq = 0
         self._recv_seq = 0
         self._head = bytearray(FRAME.size)
@@ -281,9 +281,9 @@ class TcpLink:
         self.close()
 
 
-def _address(sock: socket.socket, which: str) -> str | None:
+def _peer(sock: socket.socket) -> str | None:
     try:
-        host, port = (sock.getpeername() if which == "peer" else sock.getsockname())[:2]
+        host, port = sock.getpeername()[:2]
     except (OSError, ValueError):
         return None
     return f"{host}:{port}"

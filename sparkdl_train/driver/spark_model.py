@@ -21,7 +21,6 @@ from ..errors import ConfigError, DataError, ModelError
 from ..failures import memory_error
 from ..fs import FileSystem, join
 from ..model_io import ModelPayload, build_from_batch, build_with, check_compiled, serialize_builder, serialize_model
-from ..net import ports as port_range
 from ..saving import read_saved, write_saved
 from ..worker.tasks import PredictTask, StepSettings
 from . import warm_up
@@ -382,7 +381,7 @@ class SparkModel:
                     live = _connect_reach(sc, config, engine_cls, live)
             host = (server_host if live else driver_host)(config, sc)  # live: the executors report to a server here
             monitor = FitMonitor(sc, model, cb, progress, launch.workers, host, config.core.report_interval,
-                                 live=live, tls=launch.tls, removed_before=gone_before, ports=port_range.parse(config.core.ports))
+                                 live=live, tls=launch.tls, removed_before=gone_before, ports=config.core.port_range)
             self._monitor = monitor
             loop = _EpochLoop(train, val, refs, settings, fit_cfg, cb, progress, monitor, checkpointer, launch=launch, config=config,
                               run=run)
@@ -811,7 +810,7 @@ def _connect_reach(sc: Any, config: EngineConfig, engine_cls: type, live: bool) 
     callbacks are dropped (with a warning: the bar moves per epoch). Returns whether to serve live
     reports."""
     host = driver_host(config, sc)
-    why = check_reachable(sc, host, timeout=min(config.core.connect_timeout, 5.0), ports=port_range.parse(config.core.ports))
+    why = check_reachable(sc, host, timeout=min(config.core.connect_timeout, 5.0), ports=config.core.port_range)
     if why is None:
         return live
     if engine_cls.serves_workers:

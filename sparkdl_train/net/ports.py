@@ -65,19 +65,27 @@ def bind(host: str, ports: PortRange | None, make: Callable[[tuple[str, int]], s
                       f"(all {ports[1] - ports[0] + 1} in use): widen the range")
 
 
-def listener(host: str, ports: PortRange | None, what: str, backlog: int = 8) -> socket.socket:
-    """A listening TCP socket on ``host`` at a port of ``ports``."""
+def bound(host: str, ports: PortRange | None, what: str, backlog: int | None = None) -> socket.socket:
+    """A TCP socket bound on ``host`` at a port of ``ports``, listening when ``backlog`` is given (else
+    only holding the port, for a program that binds it itself: XLA's coordinator)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     def make(address: tuple[str, int]) -> socket.socket:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as socket.create_server: a port in TIME_WAIT is free
+            if backlog is not None:  # as socket.create_server: a port in TIME_WAIT is free
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
-            sock.listen(backlog)
+            if backlog is not None:
+                sock.listen(backlog)
         except OSError:
             sock.close()
             raise
         return sock
 
     return bind(host, ports, make, what)
+
+
+def listener(host: str, ports: PortRange | None, what: str, backlog: int = 8) -> socket.socket:
+    """A listening TCP socket on ``host`` at a port of ``ports``."""
+    return bound(host, ports, what, backlog)

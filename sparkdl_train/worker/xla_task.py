@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,18 +68,7 @@ def decode_signature(sig: Any) -> Any:
 
 def _free_port(host: str, ports: tuple[int, int] | None = None) -> int:
     """A port for the XLA coordinator (JAX binds it itself): free now, from ``network.ports`` when set."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-    def make(address: tuple[str, int]) -> socket.socket:
-        s = socket.socket(family)
-        try:
-            s.bind(address)
-        except OSError:
-            s.close()
-            raise
-        return s
-
-    with port_range.bind(host, ports, make, "XLA coordinator") as s:
+    with port_range.bound(host, ports, "XLA coordinator") as s:
         return s.getsockname()[1]
 
 

@@ -33,7 +33,6 @@ from ...failures import Cause, FailurePolicy
 from ...merge import Partial
 from ...model_io import get_state, metrics_result, set_metric_state, set_state
 from ...net import new_identity, new_secret
-from ...net import ports as port_range
 from ...worker.allreduce_task import AllreduceTrainTask, RingSettings
 from ..background import SparkCall
 from ..connect import check_reachable, is_connect
@@ -130,7 +129,7 @@ class AllreduceEngine(Engine):
         use = sc is not None and config.allreduce.rendezvous == "driver" and launch.workers > 1
         self.host = (server_host if use else driver_host)(config, sc) if sc is not None else None
         if use and is_connect(sc) and check_reachable(sc, self.host, timeout=min(config.core.connect_timeout, 5.0),
-                                                         ports=port_range.parse(config.core.ports)) is not None:
+                                                         ports=config.core.port_range) is not None:
             log.info("allreduce: executors cannot reach this Spark Connect client; ranks meet through Spark's allGather")
             use = False
         per_stage = config.allreduce.epochs_per_stage
@@ -146,7 +145,7 @@ class AllreduceEngine(Engine):
             limit = max(2 * sum(np.asarray(v).nbytes for v in get_state(model)), 5 * weights) + (1 << 22)
         self.rendezvous = RendezvousServer(self.host, self.secret, config.allreduce.timeout,
                                            tls=new_identity("sparkdl_train rendezvous") if launch.tls else None,
-                                           max_epoch_bytes=limit, ports=port_range.parse(config.core.ports)) if use else None
+                                           max_epoch_bytes=limit, ports=config.core.port_range) if use else None
         self._stage: _Stage | None = None
 
     def __enter__(self) -> "AllreduceEngine":
@@ -178,7 +177,7 @@ class AllreduceEngine(Engine):
         return RingSettings(
             self.secret, average=self.average, state_sums=c.allreduce.state_sums, timeout=c.allreduce.timeout, connect_timeout=c.core.connect_timeout,
             compression=None if c.allreduce.compression in (None, "none") else c.allreduce.compression, lr_scaling=c.allreduce.lr_scaling,
-            tls=self.tls, collectives=c.allreduce.collectives, ports=port_range.parse(c.core.ports),
+            tls=self.tls, collectives=c.allreduce.collectives, ports=c.core.port_range,
             rendezvous=None if self.rendezvous is None else RendezvousSettings(
                 self.host, self.rendezvous.port, self.secret, round_,
                 tls=self.rendezvous.tls.for_clients() if self.rendezvous.tls is not None else None),

@@ -16,7 +16,6 @@ from ...config import EngineConfig
 from ...data.adapters import DataAdapter
 from ...model_io import assign, exchanged_positions, metrics_result, set_metric_state, set_optimizer_state
 from ...net import new_identity, new_secret
-from ...net import ports as port_range
 from ...ps.protocol import dense_exchange_bytes
 from ...ps.server import ParameterServer
 from ...ps.state import ServerState, straggler
@@ -77,7 +76,7 @@ class ParameterServerEngine(Engine):
         self.dense_bytes_per_push = dense_exchange_bytes(weights)
         self.tls = new_identity("sparkdl_train parameter server") if launch.tls else None
         self.server = ParameterServer(self.state, host, self.secret, port=config.ps.port, idle_timeout=config.ps.idle_timeout, tls=self.tls,
-                                      ports=port_range.parse(config.core.ports))  # ps.port, when set, lies in it (EngineConfig)
+                                      ports=config.core.port_range)  # ps.port, when set, lies in it (EngineConfig)
         self.every = push_interval(config)
         # Applied one by one, K full deltas move the model K times as far as one worker would:
         # by default scale them by 1/K so each update counts as one K-th of an averaged step.
