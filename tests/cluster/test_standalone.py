@@ -11,6 +11,7 @@ packed once for all workers)."""
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -143,9 +144,10 @@ def jobs_app(standalone_cluster, env_archive, tmp_path_factory):
     the connections the firewall refused)."""
     out = tmp_path_factory.mktemp("standalone_jobs")
     ctr_args = ["--rows", str(ROWS), "--workers", "2", "--epochs", "2", "--features-dir", str(out / "features")]
-    # 2 renderings per digit: with 1 (1,440 training images) asynchronous/batch reached 0.51 against Keras' 0.77 here;
-    # with 2, in-process on local[2]: 0.768 against 0.825
-    image_args = ["--copies", "2", "--workers", "2", "--epochs", "8", "--transform-threads", "2"]
+    # 2 renderings per digit: with 1 (1,440 training images) asynchronous/batch reached 0.51 against Keras' 0.77 here.
+    # With 2, 16 epochs reach the plateau of held-out accuracy (local[2], three splits: 0.836-0.864 against Keras'
+    # 0.824-0.854); at 8 both were still climbing (0.80-0.85 against 0.78-0.88 on local[2], 0.647 once on the hosts)
+    image_args = ["--copies", "2", "--workers", "2", "--epochs", "16", "--transform-threads", "2"]
     host = standalone_cluster.driver_host
     conf = [f"spark.driver.host={host}", f"spark.driver.bindAddress={host}", "spark.executor.memory=1g",
             "spark.sql.execution.arrow.maxRecordsPerBatch=8192"]
@@ -200,7 +202,7 @@ def test_image_job_decodes_png_bytes_on_the_standalone_executors(standalone_clus
     for _, python, module in s["executor_environment"]:
         assert python.endswith("/environment/bin/python") and module.startswith(standalone_cluster.work_dir), (python, module)
     assert s["train_images"] + s["test_images"] == 2 * 1797 and s["transform_threads"] == 2
-    assert s["test_accuracy"] > 0.5 and s["test_accuracy"] >= s["reference_test_accuracy"] - 0.1, s
+    assert s["test_accuracy"] > 0.75 and s["test_accuracy"] >= s["reference_test_accuracy"] - 0.1, s
 
 
 def test_rdd_fits_on_the_standalone_executors_sample_without_costing_a_python_worker(standalone_cluster, jobs_app):
@@ -372,15 +374,22 @@ def test_a_straggler_host_holds_the_synchronous_rounds_and_is_named(hosts, jobs_
 
 def test_a_link_cut_and_restored_mid_fit_leaves_every_engines_fit_going(hosts, jobs_app):
     """Host 1's link cut for 4 s in the middle of an epoch, then restored, under each engine: the epoch
-    waits for it (TCP resends what was lost; no timeout fires), the fit trains every row of every epoch
-    once and as well as without the cut."""
+    running when the link comes back waited for it (TCP resends what was lost; no timeout fires), every
+    other epoch ran at its usual pace, and the fit trains every row of every epoch once and as well as
+    without the cut. The waiting epoch is the one the cut fell in, or the next where the cut fell after
+    the epoch's last exchange (the model-averaging epochs take 0.15 s here, the cut starts 0.3 s into
+    epoch 2)."""
     _, summaries = jobs_app
     cuts = summaries["hosts"]["cuts"]
     assert sorted(cuts) == ["allreduce", "asynchronous", "averaging", "hogwild", "synchronous"]
     for name, f in cuts.items():
-        assert len(f["epoch_s"]) == 6 and f["cut_s"] >= 4.0, (name, f)
-        slow = [i for i, s in enumerate(f["epoch_s"]) if s >= 4.0]
-        assert slow == [f["cut_in_epoch"]], (name, f["epoch_s"])  # the epoch the cut fell in, and only it, waited for the link
+        assert len(f["epoch_s"]) == 6 and len(f["windows"]) == 6 and f["cut_s"] >= 4.0, (name, f)
+        waited = [i for i, (begin, end) in enumerate(f["windows"]) if begin <= f["cut_s"] <= end]
+        assert len(waited) == 1 and waited[0] in (f["cut_in_epoch"], f["cut_in_epoch"] + 1), (name, f)
+        w = waited[0]
+        begin = f["windows"][w][0]
+        assert f["epoch_s"][w] >= f["cut_s"] - max(begin, 0.0) - 0.5, (name, f)  # it waited until the link came back
+        assert [s for i, s in enumerate(f["epoch_s"]) if i != w and s >= 4.0] == [], (name, f["epoch_s"])
         assert f["epoch_samples"] == [1437] * 6, (name, f["epoch_samples"])
         assert f["accuracy"] > 0.85, (name, f)
 
@@ -388,16 +397,19 @@ def test_a_link_cut_and_restored_mid_fit_leaves_every_engines_fit_going(hosts, j
 def test_a_link_cut_past_the_rings_timeout_fails_the_fit_in_bounded_time_naming_the_host(hosts, jobs_app):
     """Host 1's link cut for 25 s under an allreduce fit whose ranks wait 8 s (allreduce.timeout). Where
     the cut falls decides which wait fires: between epochs, the rank that reached the rendezvous learns
-    from the driver which rank never did and names its executor's host; within an epoch, rank 0's wait
-    for rank 1's data names rank 1's address. Either way the error names host 1 and the setting; a
-    timeout is not retried (FailurePolicy), so the fit fails within the timeout and Spark's own
-    failure handling, long before the link comes back."""
+    from the driver which rank never did and names its executor's host; within an epoch, the rank on
+    host 0 waiting for data from the rank on host 1 names that rank's address. Which rank runs on which
+    host is Spark's choice (a barrier stage's tasks go to whichever executor offers first), so the error
+    is matched on host 1's address, whatever rank is there. Either way the error names host 1 and the
+    setting; a timeout is not retried (FailurePolicy), so the fit fails within the timeout and Spark's
+    own failure handling, long before the link comes back."""
     _, summaries = jobs_app
     f = summaries["hosts"]["cut_ring"]
     assert f["error"] is not None and f["error"].startswith("WorkerError"), f
     head = f["error"].split("\n")[0]
-    rendezvous = f"rank 1 (its executor at {hosts.address(1)}) never reached the rendezvous" in head and "within 8 s" in head
-    ring = f"timed out after 8 s waiting to receive from rank 1 at {hosts.address(1)}:" in head
+    at = re.escape(hosts.address(1))
+    rendezvous = re.search(rf"rank \d+ \(its executor at {at}\) never reached the rendezvous .* within 8 s", head)
+    ring = re.search(rf"timed out after 8 s waiting to receive from rank \d+ at {at}:", head)
     assert rendezvous or ring, head
     assert "spark.sparkdl_train.allreduce.timeout" in head, head
     assert f["failed_after_cut_s"] < 8.0 + 12.0, f

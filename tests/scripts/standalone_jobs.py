@@ -192,8 +192,12 @@ def host_fits(spark, network, out_dir: str) -> None:
         import keras
 
         class Cut(keras.callbacks.Callback):
+            def on_epoch_end(self, e, logs=None):
+                log.setdefault("ends", {})[e] = time.perf_counter()
+
             def on_epoch_begin(self, e, logs=None):
                 log["epoch"] = e
+                log.setdefault("begins", {})[e] = time.perf_counter()
                 if e == epoch:
                     def cut():
                         time.sleep(0.3)  # into the epoch's job (or, should the epoch be shorter, the next one's)
@@ -218,6 +222,8 @@ def host_fits(spark, network, out_dir: str) -> None:
         log["thread"].join()
         out["cuts"][name] = {**where_it_ran(spark, sm.stats), "seconds": time.perf_counter() - t, "cut_s": log["restored_at"] - log["cut_at"],
                              "cut_in_epoch": log["cut_in_epoch"], "epoch_s": [e.seconds for e in sm.stats.epochs],
+                             # each epoch's begin and end (the callbacks'), in seconds from the cut
+                             "windows": [[log["begins"][e] - log["cut_at"], log["ends"][e] - log["cut_at"]] for e in sorted(log["ends"])],
                              "epoch_samples": [e.samples for e in sm.stats.epochs], "accuracy": accuracy(model)}
 
     # a link cut for longer than the ring's timeout: the fit fails within a bounded time, naming the host
