@@ -39,8 +39,11 @@ def source(*names: str) -> str:
     parts = []
     for name in names:
         r = results.load(name)
+        d = r.get("derived")
         parts.append(f"[{name}.json](../bench/results/{name}.json): `{r['command']}`, commit {r['commit']}, {r['date']}, "
-                     f"{r['machine']}" + (f"; {r['note']}" if r.get("note") else ""))
+                     f"{r['machine']}" + (f"; {r['note']}" if r.get("note") else "")
+                     + (f"; predictions from those measurements by the model at commit {d['commit']}, {d['date']} (`{d['command']}`)"
+                        if d else ""))
     return "Source: " + "; ".join(parts) + "."
 
 

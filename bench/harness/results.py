@@ -83,3 +83,17 @@ def write(name: str, result: dict[str, Any]) -> str:
 def load(name: str) -> dict[str, Any]:
     with open(path(name)) as f:
         return json.load(f)
+
+
+def rederive(name: str, update: dict[str, Any]) -> str:
+    """A result's derived figures (a model's predictions of its measurements) computed again by the model as
+    it is now: ``update`` replaces those keys, the measurements and their provenance stay, and ``derived``
+    says which command, commit and date computed the replaced figures. Returns the path."""
+    data = load(name)
+    data.update(update)
+    data["derived"] = {"command": command(), "commit": commit(), "date": datetime.date.today().isoformat(),
+                       "keys": sorted(update)}
+    with open(path(name), "w") as f:
+        json.dump(data, f, indent=1, sort_keys=False)
+        f.write("\n")
+    return path(name)

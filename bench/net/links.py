@@ -143,13 +143,19 @@ def main() -> None:
     p.add_argument("--constants", default=os.path.join(results.RESULTS, "scaling.json"),
                    help="the server's, the ring's and Spark's constants (bench.scaling.measure's result)")
     p.add_argument("--from-json", help="compare a saved run's fits (its result file) with the model as it is now; prints only")
+    p.add_argument("--write", action="store_true", help="with --from-json: store those predictions in bench/results/net_links.json "
+                                                         "(the measurements and their provenance kept)")
     args = p.parse_args()
     with open(args.constants) as f:
         saved = json.load(f)
     if args.from_json:
         with open(args.from_json) as f:
             run = json.load(f)
-        return report(compare(run["validation"], run["links"], saved))
+        checks = compare(run["validation"], run["links"], saved)
+        report(checks)
+        if args.write:
+            print("wrote", results.rederive("net_links", {"validation": checks}))
+        return None
     why = hosts.unavailable()
     if why is not None:
         raise SystemExit(f"bench.net.links needs hosts of their own: {why}")

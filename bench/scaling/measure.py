@@ -551,6 +551,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--plot", help="write the efficiency curves here (PNG, matplotlib)")
     p.add_argument("--from-json", help="print (and plot) the projections from the constants a --json run saved "
                                        "(with --validate-rows: fit again and compare with those constants)")
+    p.add_argument("--write", action="store_true", help="with --from-json (no --validate-rows): store the model's predictions "
+                                                         "of the saved fits and its projections in bench/results/scaling.json")
     args = p.parse_args(argv)
     if args.client:
         return client_main(json.loads(args.client))
@@ -569,11 +571,19 @@ def main(argv: list[str]) -> None:
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(saved, f, indent=1, default=float)
+        checks = None
         if saved.get("validation"):  # the saved fits against the model as it is now
-            print_checks(compare(saved["validation"], sm.Server(**saved["server"]), sm.Ring(**saved["ring"]),
-                                 sm.SparkCosts(**saved["spark"]), saved["loopback_gbps"]))
-        return project(sm.Workload(**saved["ctr"]), sm.Workload(**saved["dense"]), sm.Server(**saved["server"]),
-                       sm.Ring(**saved["ring"]), sm.SparkCosts(**saved["spark"]), args.plot)
+            checks = compare(saved["validation"], sm.Server(**saved["server"]), sm.Ring(**saved["ring"]),
+                             sm.SparkCosts(**saved["spark"]), saved["loopback_gbps"])
+            print_checks(checks)
+        projections = project(sm.Workload(**saved["ctr"]), sm.Workload(**saved["dense"]), sm.Server(**saved["server"]),
+                              sm.Ring(**saved["ring"]), sm.SparkCosts(**saved["spark"]), args.plot)
+        if args.write and not args.validate_rows:
+            from bench.harness import results
+
+            update = {"projections": projections, **({"validation": checks} if checks else {})}
+            print("wrote", results.rederive("scaling", json.loads(json.dumps(update, default=float))))
+        return projections
 
     print(f"bench/scaling/measure.py  cpus={os.cpu_count()}  (clients share these cores with the server)", flush=True)
     ctr_c, ctr_cv, ctr_bytes, ctr_tables = compute_seconds("ctr", CTR_BATCH)

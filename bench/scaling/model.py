@@ -215,8 +215,14 @@ def merge_seconds(n: int, nbytes: float, net: Network, spark: SparkCosts) -> flo
     return transfer + n * nbytes / spark.merge_bytes_per_s
 
 
+def state_bytes(w: Workload) -> float:
+    """What a stage's broadcast and model averaging's partials carry: the weights and the optimizer's
+    slots (every engine's epoch starts from the driver's state, optimizer included)."""
+    return w.model_bytes * w.state_factor
+
+
 def _stage(n: int, w: Workload, net: Network, spark: SparkCosts) -> float:
-    return spark.stage_s + spark.python_task_s + spark.task_s * n + broadcast_seconds(n, w.model_bytes, net)
+    return spark.stage_s + spark.python_task_s + spark.task_s * n + broadcast_seconds(n, state_bytes(w), net)
 
 
 def _mdl_wait(rho: float, service: float) -> float:
@@ -253,19 +259,19 @@ def predict(engine: Engine, w: Workload, n: int, net: Network, server: Server, r
         # the epoch is a sum of steps: its spread is the step's over sqrt(steps)
         slow = straggler(n, w.step_cv / math.sqrt(steps))
         parts = {"compute": steps * w.compute_s, "stragglers": steps * w.compute_s * (slow - 1.0),
-                 "spark": _stage(n, w, net, spark), "merge": merge_seconds(n, w.model_bytes, net, spark)}
+                 "spark": _stage(n, w, net, spark), "merge": merge_seconds(n, state_bytes(w), net, spark)}
         rate = n * steps * w.batch / sum(parts.values())
         return _done(n, rate, ideal, parts)
     if engine.kind == "allreduce":
         rendezvous = spark.rendezvous_s if n > 1 else 0.0  # one allGather through the barrier coordinator
         per_epoch = (_stage(n, w, net, spark) + rendezvous) / engine.epochs_per_stage
         if engine.epochs_per_stage > 1:  # rank 0's state to the driver between two epochs, and its answer
-            per_epoch += w.model_bytes * w.state_factor / net.driver_bandwidth + 2.0 * net.latency_s
+            per_epoch += state_bytes(w) / net.driver_bandwidth + 2.0 * net.latency_s
         if engine.average == "state":
             steps = w.steps_per_epoch
             slow = straggler(n, w.step_cv / math.sqrt(steps))
             parts = {"compute": steps * w.compute_s, "stragglers": steps * w.compute_s * (slow - 1.0),
-                     **ring_seconds(n, w.model_bytes * w.state_factor * engine.state_bytes / 4.0
+                     **ring_seconds(n, state_bytes(w) * engine.state_bytes / 4.0
                                     + (w.table_rows * engine.state_bytes if engine.touches else 0.0), net, ring),
                      "spark": per_epoch}
             return _done(n, n * steps * w.batch / sum(parts.values()), ideal, parts)
