@@ -29,10 +29,12 @@ def command() -> str:
 
 
 def commit() -> str:
-    """HEAD's short hash, ``+changes`` when the library, bench or tests differ from it."""
+    """HEAD's short hash, ``+changes`` when the library, bench or tests differ from it (the result files
+    themselves, outputs of such runs, do not count)."""
     run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()  # noqa: E731
     head = run("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+changes" if run("status", "--porcelain", "--", "sparkdl_train", "bench", "tests") else "")
+    changed = run("status", "--porcelain", "--", "sparkdl_train", "bench", "tests", ":(exclude)bench/results")
+    return head + ("+changes" if changed else "")
 
 
 def versions() -> dict[str, str]:
