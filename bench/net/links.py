@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import tempfile
 import threading
 
 from bench.harness import results
+from bench.net import probe
 from bench.scaling import measure
 from bench.scaling import model as sm
 from minicluster import hosts
@@ -37,66 +37,35 @@ from minicluster.standalone import StandaloneCluster
 # pushes, the ring's gradients every step)
 ENGINES = ["averaging/epoch", "synchronous PS/4", "asynchronous PS/batch", "allreduce fp32"]
 
-_SINK = """
-import socket, sys, time
-host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-s = socket.create_connection((host, port), 10)
-s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-rtts = []
-for _ in range(200):
-    t = time.perf_counter(); s.sendall(b"p"); s.recv(1); rtts.append(time.perf_counter() - t)
-block = b"x" * (1 << 20)
-t = time.perf_counter(); sent = 0
-while sent < n:
-    s.sendall(block); sent += len(block)
-s.shutdown(socket.SHUT_WR); s.recv(1)
-print(sorted(rtts)[len(rtts) // 2], sent, time.perf_counter() - t)
-"""
-
-
-def _serve(host: str, ready: threading.Event, port: list) -> None:
-    with socket.create_server((host, 0)) as srv:
-        port.append(srv.getsockname()[1])
-        ready.set()
-        conn, _ = srv.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with conn:
-            for _ in range(200):
-                conn.recv(1)
-                conn.sendall(b"q")
-            while conn.recv(1 << 20):
-                pass
-            conn.sendall(b"k")
-
-
 def link(network: hosts.HostNetwork, src: int, dst: int | None, nbytes: int) -> dict:
     """From host ``src`` to the driver's address (``dst`` None) or to host ``dst``: the median round
-    trip of a 1-byte message and the throughput of ``nbytes`` sent in 1 MiB writes."""
-    code = os.path.join(tempfile.gettempdir(), f"sdt_links_{os.getpid()}.py")
-    with open(code, "w") as f:
-        f.write(_SINK)
-    python = getattr(sys, "_base_executable", sys.executable)
+    trip of a 1-byte message and the throughput of ``nbytes`` sent in 1 MiB writes (bench.net.probe:
+    the sender in ``src``'s namespace, the server in ``dst``'s or in a thread of this process)."""
+    python = getattr(sys, "_base_executable", sys.executable)  # the probe needs nothing the venv has
+    module = [python, "-m", "bench.net.probe"]
+    server: subprocess.Popen | threading.Thread
     if dst is None:
-        ready, port = threading.Event(), []
-        t = threading.Thread(target=_serve, args=(network.driver_address, ready, port), daemon=True)
-        t.start()
-        ready.wait(10)
-        target = network.driver_address
-    else:  # a server on host dst: the same exchange, served from its namespace
-        server = ("import socket, sys\nsrv = socket.create_server((sys.argv[1], 0)); print(srv.getsockname()[1], flush=True)\n"
-                  "c, _ = srv.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
-                  "for _ in range(200):\n    c.recv(1); c.sendall(b'q')\n"
-                  "while c.recv(1 << 20):\n    pass\nc.sendall(b'k')\n")
-        srv = subprocess.Popen([*network.exec_prefix(dst), python, "-c", server, network.address(dst)],
-                               stdout=subprocess.PIPE, text=True)
-        port = [int(srv.stdout.readline())]
+        srv = probe.listener(network.driver_address)
+        port, target = srv.getsockname()[1], network.driver_address
+        server = threading.Thread(target=probe.serve, args=(srv,), daemon=True)
+        server.start()
+    else:
         target = network.address(dst)
-    proc = subprocess.run([*network.exec_prefix(src), python, code, target, str(port[0]), str(nbytes)],
-                          capture_output=True, text=True, timeout=300, check=True)
+        server = subprocess.Popen([*network.exec_prefix(dst), *module, "serve", target], stdout=subprocess.PIPE, text=True,
+                                  cwd=results.ROOT)
+        port = int(server.stdout.readline())
+    try:
+        proc = subprocess.run([*network.exec_prefix(src), *module, "send", target, str(port), str(nbytes)],
+                              capture_output=True, text=True, timeout=300, check=True, cwd=results.ROOT)
+    finally:
+        if isinstance(server, subprocess.Popen):
+            try:
+                server.wait(probe.TIMEOUT_S)
+            finally:
+                server.kill()
+        else:
+            server.join(probe.TIMEOUT_S)
     rtt, sent, seconds = (float(v) for v in proc.stdout.split())
-    if dst is not None:
-        srv.wait(30)
-    os.remove(code)
     return {"rtt_s": rtt, "latency_s": rtt / 2.0, "gbps": sent * 8 / seconds / 1e9, "bytes": sent}
 
 
