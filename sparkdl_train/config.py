@@ -438,9 +438,11 @@ class ParameterServerConfig(_Group):
         "trains from the server's weights rounded to that type (fp16 keeps 11 bits of precision up to 65504; bf16 "
         "8 bits with float32's range).", arg="ps_compression", inert=(None, "none"))
     round_timeout: float = setting(
-        "ps.roundTimeout", 600.0, Seconds(), "Seconds a synchronous round waits for every worker.", argument=False)
+        "ps.roundTimeout", 600.0, Seconds(), "Seconds a synchronous round (or a staleness bound's wait) waits for the "
+        "workers it needs; the error then names each and its executor's address.", argument=False)
     join_timeout: float = setting(
-        "ps.joinTimeout", 30.0, Seconds(), "Seconds the server waits for its threads when it shuts down.", argument=False)
+        "ps.joinTimeout", 30.0, Seconds(), "Seconds from an epoch's start during which synchronous rounds wait for the "
+        "epoch's workers still connecting (then go on with those connected).", argument=False)
     idle_timeout: float = setting(
         "ps.idleTimeout", 21600.0, Seconds(), "Seconds a worker connection may stay silent.", argument=False)
 

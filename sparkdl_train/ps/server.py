@@ -50,7 +50,11 @@ class ParameterServer(AuthServer):
         log.info("parameter server stopped: %s", self.state.stats.as_dict())
 
     def handle(self, conn: socket.socket, worker: int) -> None:
-        self.state.join(worker)
+        try:
+            address = str(conn.getpeername()[0])
+        except OSError:
+            address = None
+        self.state.join(worker, address)
         try:
             self._loop(conn, worker)
         except RoundTimeout as exc:

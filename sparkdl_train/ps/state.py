@@ -248,12 +248,16 @@ class ServerState:
         self._joined: set[int] = set()
         self._active: set[int] = set()
         self._clock: dict[int, int] = {}
+        self._addresses: dict[int, str] = {}  # each worker's executor address, as its connection came from
         self._join_deadline = 0.0
         self._round = 0
         self._round_acc = WeightedMean()
         self._round_pushed: set[int] = set()
         self._round_began = 0.0  # when the round's first push arrived
         self._failed: str | None = None
+        # the first round or staleness wait of the epoch that timed out: every later wait and push of the
+        # epoch fails with it at once (a task Spark retries would otherwise push into that round again)
+        self._timed_out: str | None = None
         self._waiting = 0  # pushes blocked in a round or by the staleness bound
 
     def waiting(self) -> int:
@@ -273,9 +277,13 @@ class ServerState:
             self._round_rows = {}
             self._join_deadline = time.monotonic() + self.join_timeout
             self._failed = None
+            self._timed_out = None
 
-    def join(self, worker: int) -> None:
+    def join(self, worker: int, address: str | None = None) -> None:
+        """``worker`` takes part in the epoch; ``address``: where its connection came from (named by timeouts)."""
         with self._cond:
+            if address:
+                self._addresses[worker] = address
             self._joined.add(worker)
             self._active.add(worker)
             self._clock.setdefault(worker, 0)
@@ -496,17 +504,37 @@ class ServerState:
         st.worker_steps[worker] = st.worker_steps.get(worker, 0) + 1
         st.worker_samples[worker] = st.worker_samples.get(worker, 0) + samples
 
-    def _wait(self, predicate, what: str) -> None:
+    def _raise_timed_out(self) -> None:
         """Caller holds the lock."""
+        if self._timed_out is not None:
+            raise RoundTimeout(f"this epoch already failed: {self._timed_out}")
+
+    def _workers(self, workers) -> str:
+        return ", ".join(f"worker {w}" + (f" (its executor at {self._addresses[w]})" if w in self._addresses else "")
+                         for w in sorted(workers))
+
+    def _wait(self, predicate, what: str, awaited=None) -> None:
+        """Caller holds the lock. ``awaited()``: the workers the wait is for, named if it times out. While
+        workers of the epoch may still connect (``ps.joinTimeout`` from the epoch's start), the wait
+        lasts at least that long: a worker still starting is the join's to wait for, not the round's."""
         deadline = time.monotonic() + self.round_timeout
+        if len(self._joined) < self._expected:
+            deadline = max(deadline, self._join_deadline)
         self._waiting += 1
         try:
             while not predicate():
                 if self._failed:
                     raise ServerStopped(f"parameter server stopped: {self._failed}")
+                self._raise_timed_out()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RoundTimeout(f"{what} timed out after {self.round_timeout:.0f} s")
+                    late = sorted(awaited()) if awaited is not None else []
+                    self._timed_out = (
+                        f"{what} timed out after {self.round_timeout:g} s (spark.sparkdl_train.ps.roundTimeout)"
+                        + (f": {self._workers(late)} did not push in time; that host, its link or its executor is down or stuck"
+                           if late else ""))
+                    self._cond.notify_all()  # the others waiting in the epoch fail with it now
+                    raise RoundTimeout(self._timed_out)
                 self._cond.wait(min(left, 0.2))
                 if self.mode == "synchronous":
                     self._maybe_complete_round()
@@ -525,7 +553,8 @@ class ServerState:
                 if not ready():
                     start = time.monotonic()
                     self.stats.staleness_waits += 1
-                    self._wait(ready, f"worker {worker} waiting for slower workers (staleness bound {self.staleness_bound})")
+                    self._wait(ready, f"worker {worker} waiting for slower workers (staleness bound {self.staleness_bound})",
+                               lambda: [a for a in self._active if a != worker and mine - self._clock.get(a, 0) > self.staleness_bound])
                     self.stats.wait_seconds += time.monotonic() - start
             self._apply(delta)
             if self.shards == 1:
@@ -552,6 +581,7 @@ class ServerState:
 
     def _push_sync(self, worker, delta, rows, samples, want):
         with self._cond:
+            self._raise_timed_out()
             if worker in self._round_pushed:
                 raise ValueError(f"worker {worker} pushed twice in synchronous round {self._round}")
             my_round = self._round
@@ -564,7 +594,8 @@ class ServerState:
             self._round_pushed.add(worker)
             self._count(worker, samples, 0)
             self._maybe_complete_round(pusher=worker)
-            self._wait(lambda: self._round > my_round, f"synchronous round {my_round} (waiting for workers {sorted(self._active - self._round_pushed)})")
+            self._wait(lambda: self._round > my_round, f"synchronous round {my_round}",
+                       lambda: self._active - self._round_pushed if self._round == my_round else ())
             reply = self._reply(want)
         return self._sharded_rows({}, reply)
 

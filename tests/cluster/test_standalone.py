@@ -376,9 +376,9 @@ def test_a_link_cut_and_restored_mid_fit_leaves_every_engines_fit_going(hosts, j
     """Host 1's link cut for 4 s in the middle of an epoch, then restored, under each engine: the epoch
     running when the link comes back waited for it (TCP resends what was lost; no timeout fires), every
     other epoch ran at its usual pace, and the fit trains every row of every epoch once and as well as
-    without the cut. The waiting epoch is the one the cut fell in, or the next where the cut fell after
-    the epoch's last exchange (the model-averaging epochs take 0.15 s here, the cut starts 0.3 s into
-    epoch 2)."""
+    without the cut. The waiting epoch is the one the cut fell in (halfway into epoch 2, by epoch 1's
+    length), or the next where the cut fell after the epoch's last exchange (model averaging's epochs
+    take 0.15 s here and exchange at their start and end)."""
     _, summaries = jobs_app
     cuts = summaries["hosts"]["cuts"]
     assert sorted(cuts) == ["allreduce", "asynchronous", "averaging", "hogwild", "synchronous"]
@@ -395,7 +395,7 @@ def test_a_link_cut_and_restored_mid_fit_leaves_every_engines_fit_going(hosts, j
 
 
 def test_a_link_cut_past_the_rings_timeout_fails_the_fit_in_bounded_time_naming_the_host(hosts, jobs_app):
-    """Host 1's link cut for 25 s under an allreduce fit whose ranks wait 8 s (allreduce.timeout). Where
+    """Host 1's link cut for 18 s under an allreduce fit whose ranks wait 8 s (allreduce.timeout). Where
     the cut falls decides which wait fires: between epochs, the rank that reached the rendezvous learns
     from the driver which rank never did and names its executor's host; within an epoch, the rank on
     host 0 waiting for data from the rank on host 1 names that rank's address. Which rank runs on which
@@ -412,7 +412,26 @@ def test_a_link_cut_past_the_rings_timeout_fails_the_fit_in_bounded_time_naming_
     ring = re.search(rf"timed out after 8 s waiting to receive from rank \d+ at {at}:", head)
     assert rendezvous or ring, head
     assert "spark.sparkdl_train.allreduce.timeout" in head, head
-    assert f["failed_after_cut_s"] < 8.0 + 12.0, f
+    assert f["failed_after_cut_s"] < f["cut_s"], f  # before the link came back
+    assert f["executors_idle"], f  # its rank on host 1 ended once the link was back
+
+
+def test_a_link_cut_past_the_synchronous_rounds_timeout_fails_the_fit_naming_the_host(hosts, jobs_app):
+    """Host 1's link cut for 18 s under synchronous per-batch pushes whose rounds wait 8 s (ps.roundTimeout):
+    the round the worker on host 0 pushed to times out at the server, which answers it naming the worker
+    that never pushed and that worker's executor address (its connection's); the timeout is not retried,
+    so the fit fails before the link comes back."""
+    _, summaries = jobs_app
+    f = summaries["hosts"]["cut_ps"]
+    assert f["error"] is not None and f["error"].startswith("WorkerError"), f
+    head = f["error"].split("\n")[0]
+    at = re.escape(hosts.address(1))
+    assert re.search(rf"synchronous round \d+ timed out after 8 s \(spark\.sparkdl_train\.ps\.roundTimeout\): "
+                     rf"worker \d+ \(its executor at {at}\) did not push in time", head), head
+    assert f["failed_after_cut_s"] < f["cut_s"], f  # before the link came back
+    assert f["executors_idle"], f  # its tasks on host 1 ended once the link was back
+    # nothing of the cut fits, failed or not, left behind in the driver: no listening socket, no fit's thread
+    assert summaries["hosts"]["left_after_cuts"] == {"threads": [], "listening": 0}, summaries["hosts"]["left_after_cuts"]
 
 
 def test_predict_evaluate_and_the_estimator_on_the_hosts(hosts, jobs_app):

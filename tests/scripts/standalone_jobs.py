@@ -135,13 +135,16 @@ def host_fits(spark, network, out_dir: str) -> None:
     """Fits on the Workers' hosts whose links this driver watches and changes (it runs as root beside
     the namespaces the test made; ``network`` names them): what each link carried against what the
     engine counted, a server address on loopback refused, a straggler host, a link cut and restored
-    under each engine, a link cut past the ring's timeout, predict/evaluate and the Spark ML estimator.
+    under each engine, a link cut past the ring's and the synchronous rounds' timeouts, predict/evaluate and
+    the Spark ML estimator.
     Writes ``hosts/summary.json``."""
     import threading
     import time
 
     import numpy as np
+    from fault_check import listening_sockets, sdt_threads
     from helpers import digits_frame as frame
+    from helpers import settle
 
     from minicluster.hosts import Link
     from sparkdl_train.errors import SparkDLError
@@ -152,6 +155,7 @@ def host_fits(spark, network, out_dir: str) -> None:
     rdd = sc.parallelize(list(zip(x, y)), 2).cache()
     rdd.count()
     out: dict = {"addresses": network.addresses, "driver_address": network.driver_address}
+    listening_before = listening_sockets()
 
     def accuracy(model):
         return float(model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"])
@@ -187,6 +191,9 @@ def host_fits(spark, network, out_dir: str) -> None:
     finally:
         network.restore_shape(1)
 
+    def executors_idle() -> bool:
+        return all(i.numRunningTasks() == 0 for i in sc._jsc.sc().statusTracker().getExecutorInfos())
+
     # a link cut for a few seconds mid-fit, then restored: the fit goes on (TCP resends what was lost)
     def cut_during(epoch, seconds, log):
         import keras
@@ -199,8 +206,12 @@ def host_fits(spark, network, out_dir: str) -> None:
                 log["epoch"] = e
                 log.setdefault("begins", {})[e] = time.perf_counter()
                 if e == epoch:
+                    # halfway into the epoch, by the one before it (the same work): both workers joined and
+                    # exchanging, the epoch's end still ahead
+                    delay = 0.5 * (log["ends"][e - 1] - log["begins"][e - 1])
+
                     def cut():
-                        time.sleep(0.3)  # into the epoch's job (or, should the epoch be shorter, the next one's)
+                        time.sleep(delay)
                         network.cut(1)
                         log["cut_at"], log["cut_in_epoch"] = time.perf_counter(), log["epoch"]
                         time.sleep(seconds)
@@ -226,17 +237,28 @@ def host_fits(spark, network, out_dir: str) -> None:
                              "windows": [[log["begins"][e] - log["cut_at"], log["ends"][e] - log["cut_at"]] for e in sorted(log["ends"])],
                              "epoch_samples": [e.samples for e in sm.stats.epochs], "accuracy": accuracy(model)}
 
-    # a link cut for longer than the ring's timeout: the fit fails within a bounded time, naming the host
-    log = {}
-    sm = SparkModel(make_mlp(), mode="allreduce", num_workers=2, allreduce_timeout=8.0)
-    t = time.perf_counter()
-    try:
-        sm.fit(rdd, epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[cut_during(1, 25.0, log)])
-        out["cut_ring"] = {"error": None}
-    except SparkDLError as exc:
-        out["cut_ring"] = {"error": f"{type(exc).__name__}: {exc}", "failed_after_cut_s": time.perf_counter() - log["cut_at"]}
-    log["thread"].join()
-    out["cut_ring"]["seconds"] = time.perf_counter() - t
+    # a link cut for longer than the ring's timeout, and than the synchronous rounds': the fit fails within a
+    # bounded time, naming the host, long before the link comes back
+    for name, settings in (("cut_ring", {"mode": "allreduce", "allreduce_timeout": 8.0}),
+                           ("cut_ps", {"mode": "synchronous", "frequency": "batch", "round_timeout": 8.0})):
+        log = {}
+        sm = SparkModel(make_mlp(), num_workers=2, **settings)
+        t = time.perf_counter()
+        try:
+            sm.fit(rdd, epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[cut_during(2, 18.0, log)])
+            out[name] = {"error": None}
+        except SparkDLError as exc:
+            out[name] = {"error": f"{type(exc).__name__}: {exc}", "failed_after_cut_s": time.perf_counter() - log["cut_at"]}
+        log["thread"].join()
+        out[name].update(seconds=time.perf_counter() - t, cut_s=log["restored_at"] - log["cut_at"])
+        # the failed fit's tasks on host 1 end once its link is back (their peers are gone): the next fit
+        # starts on idle executors
+        t = time.perf_counter()
+        out[name]["executors_idle"] = bool(settle(executors_idle, 60))
+        out[name]["idle_after_s"] = time.perf_counter() - t
+    # after every cut, the failed fits' included: no server, ring listener or helper thread of a fit left
+    settle(lambda: not sdt_threads(), 10)
+    out["left_after_cuts"] = {"threads": sdt_threads(), "listening": len(listening_sockets() - listening_before)}
 
     # predict and evaluate on the hosts, and the Spark ML estimator (model averaging), against Keras in this process
     model = make_mlp()

@@ -131,12 +131,86 @@ def test_sync_round_completes_when_the_other_worker_finishes():
     assert res and np.all(res[0].arrays[0] == 2)
 
 
-def test_sync_round_times_out_instead_of_hanging():
+def test_sync_round_times_out_instead_of_hanging_naming_the_worker_it_waited_for_and_its_host():
     s = ServerState(W, "synchronous", round_timeout=0.5)
-    s.begin_epoch(2)
-    s.join(0), s.join(1)
-    with pytest.raises(RoundTimeout, match="waiting for workers \\[1\\]"):
+    s.begin_epoch(3)
+    s.join(0, "10.0.0.11"), s.join(1, "10.0.0.12"), s.join(2)
+    other = []
+
+    def push_2():  # worker 2 pushes too; worker 1 never does
+        try:
+            s.push(2, 0, ones(), 1)
+        except RoundTimeout as exc:
+            other.append(str(exc))
+
+    t = threading.Thread(target=push_2, daemon=True)
+    t.start()
+    with pytest.raises(RoundTimeout) as err:
         s.push(0, 0, ones(), 1)
+    t.join(5)
+    # whichever wait timed out first, the other fails with it at once
+    got = sorted([str(err.value), *other])
+    assert len(got) == 2 and got[1] == "this epoch already failed: " + got[0], got
+    assert got[0] == ("synchronous round 0 timed out after 0.5 s (spark.sparkdl_train.ps.roundTimeout): worker 1 "
+                              "(its executor at 10.0.0.12) did not push in time; that host, its link or its executor is down or stuck")
+
+
+def test_a_round_waits_for_a_worker_still_starting_as_long_as_the_join_window_not_the_round_timeout():
+    """ps.roundTimeout shorter than a worker's start: the first round waits for it until ps.joinTimeout
+    (from the epoch's start), then goes on without it, and a worker that connects within it takes part."""
+    s = ServerState(W, "synchronous", round_timeout=0.2, join_timeout=0.8)
+    s.begin_epoch(2)
+    s.join(0)
+    late = threading.Timer(0.4, lambda: (s.join(1), s.push(1, 0, ones(), 1)))
+    late.start()
+    t = time.monotonic()
+    reply = s.push(0, 0, ones(), 1)  # no RoundTimeout at 0.2 s: worker 1 may still connect
+    late.join(5)
+    assert 0.35 < time.monotonic() - t < 0.8 and s.stats.rounds == 1 and np.all(reply.arrays[0] == 1)
+    s.begin_epoch(2)
+    s.join(0)  # worker 1 never connects: the round goes on without it once the window closes
+    t = time.monotonic()
+    s.push(0, 0, ones(), 1)
+    assert 0.7 < time.monotonic() - t < 1.5 and s.stats.rounds == 2
+
+
+def test_a_round_timeout_past_the_join_window_names_only_the_workers_it_waited_for():
+    s = ServerState(W, "synchronous", round_timeout=0.2, join_timeout=0.0)
+    s.begin_epoch(3)
+    s.join(0, "10.0.0.11"), s.join(1, "10.0.0.12")  # worker 2 never connects (not waited for); worker 1 never pushes
+    with pytest.raises(RoundTimeout, match=r": worker 1 \(its executor at 10.0.0.12\) did not push in time;"):
+        s.push(0, 0, ones(), 1)
+
+
+def test_after_a_round_timed_out_a_retried_push_fails_with_that_timeout_not_as_a_second_push():
+    """Spark retries a failed task: the retry of the worker whose wait timed out pushes into the same
+    round again, and must learn why the epoch failed (not that it pushed twice)."""
+    s = ServerState(W, "synchronous", round_timeout=0.3)
+    s.begin_epoch(2)
+    s.join(0, "10.0.0.11"), s.join(1, "10.0.0.12")
+    with pytest.raises(RoundTimeout):
+        s.push(0, 0, ones(), 1)
+    t = time.monotonic()
+    with pytest.raises(RoundTimeout, match=r"^this epoch already failed: synchronous round 0 timed out after 0.3 s .*"
+                                           r"worker 1 \(its executor at 10.0.0.12\) did not push in time"):
+        s.push(0, 0, ones(), 1)
+    assert time.monotonic() - t < 0.2  # at once, not after another timeout
+    s.begin_epoch(2)  # a new epoch starts clean
+    s.join(0), s.join(1)
+    done = threading.Thread(target=lambda: s.push(1, 0, ones(), 1), daemon=True)
+    done.start()
+    assert s.push(0, 0, ones(), 1).arrays[0].shape == W[0].shape
+    done.join(5)
+
+
+def test_a_staleness_wait_that_times_out_names_the_slow_worker():
+    s = ServerState(W, "asynchronous", staleness_bound=0, round_timeout=0.3)
+    s.begin_epoch(2)
+    s.join(0, "10.0.0.11"), s.join(1, "10.0.0.12")
+    s.push(0, 0, ones(), 1)
+    with pytest.raises(RoundTimeout, match=r"staleness bound 0\) timed out after 0.3 s \(spark.sparkdl_train.ps.roundTimeout\): "
+                                           r"worker 1 \(its executor at 10.0.0.12\) did not push in time"):
+        s.push(0, 1, ones(), 1)
 
 
 def test_staleness_bound_makes_a_fast_worker_wait():
