@@ -415,8 +415,8 @@ def compare(measured: list[dict], server: sm.Server, ring: sm.Ring, spark_costs:
         predicted = p.samples_per_s
         extra = {}
         if m["pushes"]:
-            k = w.steps_per_epoch if engine.every is None else engine.every
-            extra = {"push_bytes_predicted": 2.0 * (w.dense_bytes + w.touched_bytes(k)),
+            steps = w.steps_per_epoch if engine.every is None else engine.every  # a push's steps
+            extra = {"push_bytes_predicted": 2.0 * (w.dense_bytes + w.touched_bytes(steps)),
                      "push_bytes_measured": m["push_bytes"] / m["pushes"], "touch_exponent": exponent}
         out.append({**m, **extra, "predicted": predicted, "ratio": predicted / m["samples_per_s"], "bottleneck": p.bottleneck,
                     "calibration": m is calib or any(m is c for c in push_calib + call_calib) or (k != 1.0 and m is avg[2]),
