@@ -233,7 +233,14 @@ def net_links() -> str:
     within = [abs(v["samples_per_s"] / v["predicted"] - 1) <= 0.2 for v in hosts if v["master"] in r["links"]]
     rows = [[v["master"], v["engine"], f"{v['samples_per_s']:,.0f}", f"{v['predicted']:,.0f}", f"{v['samples_per_s'] / v['predicted']:.2f}",
              v["bottleneck"]] for v in hosts]
+    # two workers sharing the machine's cores: each engine's step with two workers over its step with one (local[2]),
+    # beside the one factor the model applies to every two-worker fit (averaging's)
+    local = {(v["engine"], v["workers"]): v for v in r["validation"] if v["master"] == "local[2]"}
+    applied = next(v["host_share"] for v in r["validation"] if v["workers"] == 2 and v["engine"] == "averaging/epoch")
+    shares = [[e, f"{local[(e, 2)]['step_s'] / local[(e, 1)]['step_s']:.2f}x", f"{applied:.2f}x"]
+              for e in r["engines"] if (e, 1) in local and (e, 2) in local]
     return (table(["links", "measured to the driver", "host to host", "latency (one way)", "carried by the fits"], links) + "\n\n"
+            + table(["engine", "a worker's step, two workers on the cores over one (local[2])", "what the model applies"], shares) + "\n\n"
             + block(f"Two workers on two hosts against the model's prediction for the measured links, with `local[2]`'s fits "
                     f"beside them: {sum(within)} of {len(within)} host rows within 20%.",
                     ["master", "engine", "measured samples/s", "predicted", "measured / predicted", "the model's bottleneck"],
