@@ -72,14 +72,17 @@ def path(name: str) -> str:
     return os.path.join(RESULTS, f"{name}.json")
 
 
-def write(name: str, result: dict[str, Any]) -> str:
-    """``result`` with its provenance into bench/results/NAME.json; returns the path."""
+def _store(name: str, data: dict[str, Any]) -> str:
     os.makedirs(RESULTS, exist_ok=True)
-    data = {**provenance(), **result}
     with open(path(name), "w") as f:
         json.dump(data, f, indent=1, sort_keys=False)
         f.write("\n")
     return path(name)
+
+
+def write(name: str, result: dict[str, Any]) -> str:
+    """``result`` with its provenance into bench/results/NAME.json; returns the path."""
+    return _store(name, {**provenance(), **result})
 
 
 def load(name: str) -> dict[str, Any]:
@@ -95,7 +98,4 @@ def rederive(name: str, update: dict[str, Any]) -> str:
     data.update(update)
     data["derived"] = {"command": command(), "commit": commit(), "date": datetime.date.today().isoformat(),
                        "keys": sorted(update)}
-    with open(path(name), "w") as f:
-        json.dump(data, f, indent=1, sort_keys=False)
-        f.write("\n")
-    return path(name)
+    return _store(name, data)

@@ -528,7 +528,7 @@ class ServerState:
                 self._raise_timed_out()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    late = sorted(awaited()) if awaited is not None else []
+                    late = list(awaited()) if awaited is not None else []  # _workers sorts them
                     self._timed_out = (
                         f"{what} timed out after {self.round_timeout:g} s (spark.sparkdl_train.ps.roundTimeout)"
                         + (f": {self._workers(late)} did not push in time; that host, its link or its executor is down or stuck"
