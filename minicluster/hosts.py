@@ -175,7 +175,7 @@ class HostNetwork:
     type filter hook output priority 0; policy accept;
     oif "lo" accept
     ip daddr {self.driver_address} tcp dport {{ {", ".join(driver_ports)} }} accept
-    ip daddr {self.subnet} tcp dport {{ {", ".join(host_ports)} }} accept
+    ip daddr {self.subnet} ip daddr != {self.driver_address} tcp dport {{ {", ".join(host_ports)} }} accept
     ip daddr {self.subnet} tcp flags & (syn | ack) == syn counter reject with tcp reset
   }}
 }}

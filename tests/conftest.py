@@ -124,29 +124,50 @@ def _prune_standalone_executors(request):
         request.getfixturevalue("standalone_cluster").prune()
 
 
-@pytest.fixture(scope="session")
-def env_archive(tmp_path_factory):
-    """sparkdl_env.tar.gz (a regular install, as shipped to a cluster), built by the README's own
-    `./run pack` line (section Clusters), run as written in a clean shell from a scratch folder.
-    Under pytest-xdist it is built once for all workers, in the folder their base temps share,
-    under a file lock (the first worker to need it packs; the others wait and reuse it)."""
+def _packed(tmp_path_factory, name: str, pack) -> str:
+    """The archive ``name`` that ``pack(folder)`` writes into ``folder``, built once for all pytest-xdist
+    workers, in the folder their base temps share, under a file lock (the first worker to need it
+    packs; the others wait and reuse it)."""
     import fcntl
-
-    import readme
 
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    where = shared / "pack"
-    archive = where / "sparkdl_env.tar.gz"
-    with open(shared / "pack.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # held while packing: about 1.5 min
+    where = shared / f"pack_{name}"
+    archive = where / name
+    with open(shared / f"pack_{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held while packing: 1-1.5 min
         if not (where / "done").exists():
             where.mkdir(exist_ok=True)
-            (pack,) = [c for c in readme.commands("Clusters") if c.startswith("./run pack")]
-            readme.run(readme.substitute(pack, {"./run ": os.path.join(ROOT, "run") + " "}), str(where), timeout=1800)
-            assert archive.exists(), f"{pack!r} wrote no {archive}"
+            pack(str(where))
+            assert archive.exists(), f"packing wrote no {archive}"
             (where / "done").write_text("packed\n")
     return str(archive)
+
+
+@pytest.fixture(scope="session")
+def env_archive(tmp_path_factory):
+    """sparkdl_env.tar.gz (a regular install, as shipped to a cluster), built by the README's own
+    `./run pack` line (section Clusters), run as written in a clean shell from a scratch folder, once
+    for the session's workers (:func:`_packed`)."""
+    import readme
+
+    def pack(where):
+        (line,) = [c for c in readme.commands("Clusters") if c.startswith("./run pack")]
+        readme.run(readme.substitute(line, {"./run ": os.path.join(ROOT, "run") + " "}), where, timeout=1800)
+
+    return _packed(tmp_path_factory, "sparkdl_env.tar.gz", pack)
+
+
+@pytest.fixture(scope="session")
+def jax_env_archive(tmp_path_factory):
+    """sparkdl_env_jax.tar.gz: the executors' environment for Keras on JAX (no TensorFlow in it), as
+    docs/clusters.md says to build it: `./run pack --backend jax`."""
+    import readme
+
+    def pack(where):  # in a clean shell (readme.run), as the README's own line
+        readme.run(f"{os.path.join(ROOT, 'run')} pack --backend jax -o sparkdl_env_jax.tar.gz", where, timeout=1800)
+
+    return _packed(tmp_path_factory, "sparkdl_env_jax.tar.gz", pack)
 
 
 @pytest.fixture(scope="session")

@@ -48,8 +48,9 @@ AXIS = "ranks"
 
 def join(coordinator: str, size: int, rank: int, bind: str, gpu: bool, timeout: int) -> None:
     """This process joins the stage's JAX job: rank 0's process hosts the coordinator on ``bind``;
-    between CPUs the collectives go through Gloo. A rank process that stops sending heartbeats (it
-    failed or was killed) ends the others within 10 s."""
+    between CPUs the collectives go through Gloo, whose sockets this rank opens and publishes at ``bind``
+    too (:func:`_gloo_at`). A rank process that stops sending heartbeats (it failed or was killed) ends the
+    others within 10 s."""
     import jax
 
     if not gpu:
@@ -58,6 +59,34 @@ def join(coordinator: str, size: int, rank: int, bind: str, gpu: bool, timeout: 
     jax.distributed.initialize(coordinator, num_processes=size, process_id=rank, initialization_timeout=timeout,
                                heartbeat_timeout_seconds=10,
                                coordinator_bind_address=f"{bind}:{port}" if rank == 0 else None)
+    if not gpu:
+        _gloo_at(bind)
+
+
+# JAX's private names :func:`_gloo_at` uses (no public way to give Gloo an address; jax 0.10):
+# (module, attribute path, what for). tests/unit/test_compat.py checks they exist.
+PRIVATE = (
+    ("jax._src.xla_bridge", "register_backend_factory", "the CPU backend made with Gloo at the executor's address"),
+    ("jax._src.xla_bridge", "make_cpu_client", "that backend's constructor, given the collectives"),
+    ("jax._src.lib", "_jax.make_gloo_tcp_collectives", "Gloo's TCP collectives on a given hostname"),
+    ("jax._src.distributed", "global_state", "the client jax.distributed.initialize connected"),
+)
+
+
+def _gloo_at(bind: str) -> None:
+    """Gloo's TCP collectives listening on, and published to the other ranks at, ``bind`` (the executor's
+    address), in place of JAX's default: the address this machine's hostname resolves to, often
+    127.0.0.1 (``/etc/hosts``), where a rank on another host cannot reach it (measured on two network
+    namespaces: the default hangs until the coordinator's heartbeat gives up; this sums in 1 s).
+    Must run before JAX makes its CPU backend (the first computation)."""
+    from functools import partial
+
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    collectives = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client, hostname=bind)
+    xla_bridge.register_backend_factory("cpu", partial(xla_bridge.make_cpu_client, collectives=collectives),
+                                        priority=0, fail_quietly=False)
 
 
 def leave() -> None:

@@ -163,6 +163,7 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
     With ``timeout=None`` the ``spark.sparkdl_train.preflight*`` keys decide (``preflight=false``:
     nothing is checked and ``[]`` is returned)."""
     from ..config import EngineConfig
+    from .backend_env import executor_backend
     from .executors import executor_ids
     from .registration import wait_for_executors
     from .spark_conf import settings_conf
@@ -172,7 +173,9 @@ def check_executors(sc: Any, timeout: float | None = None, force: bool = False, 
         if not cfg.core.preflight:
             return []
         timeout = cfg.core.preflight_timeout
-    keras_backend = driver_versions()["keras_backend"]
+    # the probe's workers run the driver's backend, as a fit's would (KERAS_BACKEND for the stages: a job that
+    # checks its executors before its first fit, sparkdl_train.driver.submit.start_job, has made no fit yet)
+    keras_backend = executor_backend(sc)
     key = _key(sc, session, keras_backend)
     with _lock:
         if key in _checked and not force:

@@ -120,6 +120,8 @@ def _epochs(spec: dict[str, Any], folder: str, joined: float, driver: Any) -> by
             run.finish(local_steps, samples)
             partial = _rank_partial(run, None, rank, size, samples, local_steps, global_steps, 0.0, (0, 0),
                                     collectives="xla", xla_processes=size, step_wait_seconds=round(waited, 4),
+                                    # where this rank's Gloo sockets listened, and the JAX job's coordinator
+                                    collectives_host=spec["bind"], coordinator=spec["coordinator"],
                                     gradient_values=values)
             info = partial.partitions[spec["partition"]]
             info.update(spec["identity"])  # the Spark task's, not this process's

@@ -2,8 +2,9 @@
 own where the machine allows: minicluster/hosts.py), submitted with
 `spark-submit --master spark://...` and the executors' environment shipped as the README says:
 its `./run pack` line -> `--archives sparkdl_env.tar.gz#environment`. The README's own `./run submit`
-line trains the flagship job; tests/scripts/standalone_jobs.py runs three more jobs in one application. The
-Workers cannot import this checkout, so every assertion about module paths is about the shipped archive.
+line trains the flagship job; tests/scripts/standalone_jobs.py runs three more jobs in one application, and
+tests/scripts/jax_hosts.py Keras on JAX from `./run pack --backend jax`'s archive. The Workers cannot import
+this checkout, so every assertion about module paths is about the shipped archive.
 
 Executor and node loss runs on a cluster of its own (tests/cluster/test_executor_loss.py), beside these
 on the other pytest-xdist worker of the slow suite; both use one archive (conftest's `env_archive`,
@@ -115,11 +116,11 @@ def _probe(network, host, port):
     return proc.stdout.strip() or proc.stderr[-300:]
 
 
-def _firewall(network, conf, master_port):
-    """The hosts' firewall for the jobs' application: from a host, new connections to the driver's address
+def _firewall(network, conf, master_port, between_hosts=()):
+    """The hosts' firewall for an application: from a host, new connections to the driver's address
     only to the Master's port, the driver's RPC and block-manager ports (fixed here) and network.ports; to
-    another host only to the block-manager port and network.ports. Checked with probes from host 0
-    before the application: a port of the range is reached, a port outside it refused."""
+    another host only to the block-manager port, network.ports and ``between_hosts``. Checked with probes
+    from host 0 before the application: a port of the range is reached, a port outside it refused."""
     import socket
 
     with socket.socket() as a, socket.socket() as b:
@@ -128,7 +129,7 @@ def _firewall(network, conf, master_port):
     conf += [f"spark.driver.port={driver_port}", f"spark.blockManager.port={block_port}", "spark.port.maxRetries=0",
              f"spark.sparkdl_train.network.ports={PORTS[0]}-{PORTS[1]}"]
     span = f"{PORTS[0]}-{PORTS[1]}"
-    network.allow_only([str(master_port), str(driver_port), str(block_port), span], [str(block_port), span])
+    network.allow_only([str(master_port), str(driver_port), str(block_port), span], [str(block_port), span, *between_hosts])
     with socket.create_server((network.driver_address, PORTS[1])) as inside, socket.create_server((network.driver_address, 0)) as outside:
         probes = {"inside": _probe(network, 0, inside.getsockname()[1]), "outside": _probe(network, 0, outside.getsockname()[1])}
     return probes
@@ -440,3 +441,73 @@ def test_predict_evaluate_and_the_estimator_on_the_hosts(hosts, jobs_app):
     assert s["predict_evaluate"]["loss_diff"] < 1e-4 and s["predict_evaluate"]["max_diff"] < 1e-5, s["predict_evaluate"]
     assert s["predict_evaluate"]["rows"] == 360
     assert s["estimator"]["accuracy"] > 0.85 and len(s["estimator"]["executor_ids"]) == 2, s["estimator"]
+
+
+@pytest.fixture(scope="module")
+def jax_hosts_app(standalone_cluster, jax_env_archive, tmp_path_factory):
+    """tests/scripts/jax_hosts.py submitted with `./run pack --backend jax`'s archive, its driver on Keras' JAX
+    backend, behind the hosts' firewall: as the jobs' application's (network.ports for every port a fit
+    opens), and between the hosts also their ephemeral ports, where Gloo's sockets listen (XLA's
+    collectives on CPUs; NCCL's on GPUs alike: neither takes a port range). Returns the summary and the
+    firewall's probes and refusals."""
+    hosts = standalone_cluster.network
+    if hosts is None:
+        pytest.skip(f"no hosts of their own on this machine: {standalone_cluster.unavailable}")
+    out = tmp_path_factory.mktemp("jax_hosts")
+    host = standalone_cluster.driver_host
+    conf = [f"spark.driver.host={host}", f"spark.driver.bindAddress={host}", "spark.executor.memory=1g"]
+    proc = subprocess.run([*hosts.exec_prefix(0), "cat", "/proc/sys/net/ipv4/ip_local_port_range"],
+                          capture_output=True, text=True, timeout=30, check=True)
+    ephemeral = "-".join(proc.stdout.split())
+    try:
+        firewall = {"probes": _firewall(hosts, conf, int(standalone_cluster.url.rsplit(":", 1)[1]), [ephemeral])}
+        cmd, env = submit_command(standalone_cluster.url, ["--hosts", json.dumps(hosts.describe())], out, conf=conf,
+                                  archives=jax_env_archive, job=os.path.join(SCRIPTS, "jax_hosts.py"))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+        firewall["refused"] = hosts.refused()
+    finally:
+        hosts.open_all()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    with open(out / "summary.json") as f:
+        summary = json.load(f)
+    summary["firewall"] = firewall
+    return summary
+
+
+def test_the_jax_ring_and_xla_collectives_train_across_the_hosts(hosts, jax_hosts_app):
+    """Keras on JAX with executors that have no TensorFlow: the ring fit and the XLA fit ran one rank
+    on each host, the ring's ranks met at the driver's rendezvous from the hosts' addresses, and each XLA
+    rank's Gloo sockets listened on its executor's host address (JAX's default is the address the
+    hostname resolves to: 127.0.0.1 here, unreachable from the other host), coordinated by rank 0's
+    host; the XLA fit trains the ring's weights (partitions of 250 and 774 rows: short batches, a rank
+    out of data for most steps); a rank whose data fails ends the fit naming it, and
+    the other host's rank process is gone soon after. Nothing was refused by the firewall but host 0's
+    probe."""
+    s = jax_hosts_app
+    assert s["backend"] == "jax" and s["executor_env"].get("KERAS_BACKEND") == "jax", s["executor_env"]
+    fw = s["firewall"]
+    assert fw["probes"] == {"inside": "open", "outside": "ConnectionRefusedError"}, fw
+    assert fw["refused"] == {hosts.address(0): 1, hosts.address(1): 0}, fw
+    xla = s["xla"]
+    failure = xla.pop("failure")
+    assert failure["raised"] == "WorkerError" and "DataError: non-finite value" in failure["message"], failure
+    assert "partition 1" in failure["message"] and failure["left"] == [] and failure["left_after"] < 25, failure
+    assert sorted(xla) == ["uneven"], sorted(xla)
+    for name, fit in xla.items():
+        for where in (fit["where"], fit["ring_where"]):
+            assert_ran_on_executors(where["executor_ids"], where["worker_pids"], where["driver_pid"])
+            assert sorted(where["executor_hosts"].values()) == sorted(hosts.addresses), (name, where["executor_hosts"])
+        assert fit["ring_where"]["server"]["rendezvous_peers"] == sorted(hosts.addresses), (name, fit["ring_where"]["server"])
+        hosts_of = fit["where"]["executor_hosts"]
+        for epoch in (fit["ranks"][:2], fit["ranks"][2:]):  # a stage (and a JAX job) per epoch
+            assert sorted(hosts_of[str(r["executor_id"])] for r in epoch) == sorted(hosts.addresses), (name, epoch)
+            (rank0,) = [r for r in epoch if r["rank"] == 0]
+            for r in epoch:
+                assert r["collectives"] == "xla" and r["xla_processes"] == 2, (name, r)
+                assert r["collectives_host"] == hosts_of[str(r["executor_id"])], (name, r, hosts_of)
+                assert r["coordinator"].rsplit(":", 1)[0] == rank0["collectives_host"], (name, r)
+        assert fit["max_diff"] <= 1e-5 and fit["accuracy"] >= 0.85, (name, fit["max_diff"], fit["accuracy"])
+        for key in ("loss", "accuracy"):
+            assert fit["history"][key] == pytest.approx(fit["ring_history"][key], abs=1e-5), (name, fit)
+    assert sorted(r["samples"] for r in xla["uneven"]["ranks"][:2]) == [250, 774]  # the first epoch's ranks
+    assert {r["global_steps"] for r in xla["uneven"]["ranks"]} == {25}  # ceil(774 / 32) on both hosts: join semantics

@@ -114,22 +114,24 @@ def collective_step_alone(w0) -> dict:
     }
 
 
-def xla_against_ring(sc, w0, per_stage: int) -> dict:
+def xla_against_ring(sc, w0, per_stage: int, where=None, cases=("uneven", "empty")) -> dict:
     """allreduce through XLA's collectives (each rank a process of one JAX job, jax.distributed with
     Gloo) against the project's ring, from the same weights, ``per_stage`` epochs per barrier stage
     (one rank process each): partitions of 250 and 774 rows (short last batches, one rank out of
     data for most steps), then 1024 and none (a rank with no data), then (``per_stage`` > 1) the
-    first again with bfloat16 sums; then a rank that fails."""
+    first again with bfloat16 sums; then a rank that fails. ``where(stats)``, when given, records each
+    fit's placement (``where`` for the XLA fit, ``ring_where`` for the ring's); ``cases``: which of the
+    first two to run."""
     from sparkdl_train import SparkModel
 
     x, y = data()
     pairs = list(zip(x, y))
     out: dict = {}
     ring: dict = {}
-    cases = [("uneven", [pairs[:250], pairs[250:]], {}), ("empty", [pairs, []], {})]
+    fits_of = [c for c in [("uneven", [pairs[:250], pairs[250:]], {}), ("empty", [pairs, []], {})] if c[0] in cases]
     if per_stage > 1:  # "bf16": the gradients summed in bfloat16 (allreduce.compression), against the ring's float32
-        cases.append(("bf16", [pairs[:250], pairs[250:]], {"compression": "bf16"}))
-    for name, parts, extra in cases:
+        fits_of.append(("bf16", [pairs[:250], pairs[250:]], {"compression": "bf16"}))
+    for name, parts, extra in fits_of:
         rdd = sc.parallelize(parts, 2).flatMap(lambda part: part)
         fits = {}
         for how in ("ring", "xla") if name != "bf16" else ("xla",):
@@ -150,9 +152,14 @@ def xla_against_ring(sc, w0, per_stage: int) -> dict:
             "collectives": stats.server.get("collectives"), "stages": stats.server.get("stages"),
             "compression": stats.server.get("compression"),
             "ranks": [{k: i.get(k) for k in ("rank", "pid", "daemon_pid", "executor_id", "samples", "global_steps",
-                                              "collectives", "xla_processes", "stage_epochs")} for i in ranks],
+                                              "collectives", "xla_processes", "stage_epochs", "collectives_host",
+                                              "coordinator")} for i in ranks],
             "accuracy": m.evaluate(x, y, verbose=0, return_dict=True)["accuracy"],
         }
+        if where is not None:
+            out[name]["where"] = where(stats)
+            if name != "bf16":
+                out[name]["ring_where"] = where(reference[1])
     # a rank whose data fails (a NaN row, nan_policy 'fail'): the fit fails at once naming it, without
     # retrying the epoch, and the other rank's process (waiting on the sums) is gone soon after
     import time
