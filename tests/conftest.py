@@ -159,15 +159,27 @@ def env_archive(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def jax_env_archive(tmp_path_factory):
-    """sparkdl_env_jax.tar.gz: the executors' environment for Keras on JAX (no TensorFlow in it), as
-    docs/clusters.md says to build it: `./run pack --backend jax`."""
+def jax_env_packing(tmp_path_factory):
+    """sparkdl_env_jax.tar.gz being built in a thread of its own (a future of its path): the executors'
+    environment for Keras on JAX (no TensorFlow in it), as docs/clusters.md says to build it,
+    `./run pack --backend jax`, once for the session's workers (:func:`_packed`). Asked for early by a
+    module that needs it late (tests/cluster/test_standalone.py), the minute of packing overlaps the
+    module's other applications, whose fits spend much of their time waiting (links cut, JVMs starting)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import readme
 
     def pack(where):  # in a clean shell (readme.run), as the README's own line
         readme.run(f"{os.path.join(ROOT, 'run')} pack --backend jax -o sparkdl_env_jax.tar.gz", where, timeout=1800)
 
-    return _packed(tmp_path_factory, "sparkdl_env_jax.tar.gz", pack)
+    with ThreadPoolExecutor(1, thread_name_prefix="jax-pack") as pool:
+        yield pool.submit(_packed, tmp_path_factory, "sparkdl_env_jax.tar.gz", pack)
+
+
+@pytest.fixture(scope="session")
+def jax_env_archive(jax_env_packing):
+    """The path of sparkdl_env_jax.tar.gz (:func:`jax_env_packing`), once it is built."""
+    return jax_env_packing.result()
 
 
 @pytest.fixture(scope="session")

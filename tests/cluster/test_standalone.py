@@ -22,6 +22,15 @@ from helpers import ROOT, SCRIPTS, assert_ran_on_executors, submit_command
 ROWS = 100_000
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _jax_archive_packed_meanwhile(standalone_cluster, env_archive, request):
+    """Where the JAX application will run (hosts, and its test selected), its archive is packed from the
+    module's start, beside the other applications (conftest's ``jax_env_packing``), after this one's."""
+    wanted = any(item.name == "test_the_jax_ring_and_xla_collectives_train_across_the_hosts" for item in request.session.items)
+    if wanted and standalone_cluster.network is not None:
+        request.getfixturevalue("jax_env_packing")
+
+
 def test_archive_is_a_regular_install_without_test_extras(env_archive):
     import tarfile
 
@@ -499,7 +508,9 @@ def test_the_jax_ring_and_xla_collectives_train_across_the_hosts(hosts, jax_host
             assert sorted(where["executor_hosts"].values()) == sorted(hosts.addresses), (name, where["executor_hosts"])
         assert fit["ring_where"]["server"]["rendezvous_peers"] == sorted(hosts.addresses), (name, fit["ring_where"]["server"])
         hosts_of = fit["where"]["executor_hosts"]
-        for epoch in (fit["ranks"][:2], fit["ranks"][2:]):  # a stage (and a JAX job) per epoch
+        # both epochs in one barrier stage: one JAX job, one rank process on each host
+        assert fit["stages"] == 1 and len({r["pid"] for r in fit["ranks"]}) == 2, (name, fit["ranks"])
+        for epoch in (fit["ranks"][:2], fit["ranks"][2:]):
             assert sorted(hosts_of[str(r["executor_id"])] for r in epoch) == sorted(hosts.addresses), (name, epoch)
             (rank0,) = [r for r in epoch if r["rank"] == 0]
             for r in epoch:

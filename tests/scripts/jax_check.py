@@ -114,14 +114,14 @@ def collective_step_alone(w0) -> dict:
     }
 
 
-def xla_against_ring(sc, w0, per_stage: int, where=None, cases=("uneven", "empty")) -> dict:
+def xla_against_ring(sc, w0, per_stage: int, where=None, cases=("uneven", "empty", "bf16")) -> dict:
     """allreduce through XLA's collectives (each rank a process of one JAX job, jax.distributed with
     Gloo) against the project's ring, from the same weights, ``per_stage`` epochs per barrier stage
     (one rank process each): partitions of 250 and 774 rows (short last batches, one rank out of
     data for most steps), then 1024 and none (a rank with no data), then (``per_stage`` > 1) the
     first again with bfloat16 sums; then a rank that fails. ``where(stats)``, when given, records each
-    fit's placement (``where`` for the XLA fit, ``ring_where`` for the ring's); ``cases``: which of the
-    first two to run."""
+    fit's placement (``where`` for the XLA fit, ``ring_where`` for the ring's); ``cases``: which of them
+    to run (the failing rank always)."""
     from sparkdl_train import SparkModel
 
     x, y = data()
@@ -129,7 +129,7 @@ def xla_against_ring(sc, w0, per_stage: int, where=None, cases=("uneven", "empty
     out: dict = {}
     ring: dict = {}
     fits_of = [c for c in [("uneven", [pairs[:250], pairs[250:]], {}), ("empty", [pairs, []], {})] if c[0] in cases]
-    if per_stage > 1:  # "bf16": the gradients summed in bfloat16 (allreduce.compression), against the ring's float32
+    if per_stage > 1 and "bf16" in cases:  # the gradients summed in bfloat16 (allreduce.compression), against the ring's float32
         fits_of.append(("bf16", [pairs[:250], pairs[250:]], {"compression": "bf16"}))
     for name, parts, extra in fits_of:
         rdd = sc.parallelize(parts, 2).flatMap(lambda part: part)
