@@ -64,13 +64,27 @@ def join(coordinator: str, size: int, rank: int, bind: str, gpu: bool, timeout: 
 
 
 # JAX's private names :func:`_gloo_at` uses (no public way to give Gloo an address; jax 0.10):
-# (module, attribute path, what for). tests/unit/test_compat.py checks they exist.
+# (module, attribute path, what for). :func:`missing` lists the ones a JAX lacks (tests/unit/test_compat.py).
 PRIVATE = (
     ("jax._src.xla_bridge", "register_backend_factory", "the CPU backend made with Gloo at the executor's address"),
     ("jax._src.xla_bridge", "make_cpu_client", "that backend's constructor, given the collectives"),
     ("jax._src.lib", "_jax.make_gloo_tcp_collectives", "Gloo's TCP collectives on a given hostname"),
     ("jax._src.distributed", "global_state", "the client jax.distributed.initialize connected"),
 )
+
+
+def missing() -> list[str]:
+    """The names of :data:`PRIVATE` this JAX lacks (as ``sparkdl_train._compat.missing`` does for Keras')."""
+    import importlib
+
+    out = []
+    for module, path, _ in PRIVATE:
+        obj: Any = importlib.import_module(module)
+        for name in path.split("."):
+            obj = getattr(obj, name, None)
+        if obj is None:
+            out.append(f"{module}.{path}")
+    return out
 
 
 def _gloo_at(bind: str) -> None:

@@ -26,7 +26,7 @@ ROWS = 100_000
 def _jax_archive_packed_meanwhile(standalone_cluster, env_archive, request):
     """Where the JAX application will run (hosts, and its test selected), its archive is packed from the
     module's start, beside the other applications (conftest's ``jax_env_packing``), after this one's."""
-    wanted = any(item.name == "test_the_jax_ring_and_xla_collectives_train_across_the_hosts" for item in request.session.items)
+    wanted = any("jax_hosts_app" in item.fixturenames for item in request.session.items)
     if wanted and standalone_cluster.network is not None:
         request.getfixturevalue("jax_env_packing")
 
@@ -502,23 +502,23 @@ def test_the_jax_ring_and_xla_collectives_train_across_the_hosts(hosts, jax_host
     assert failure["raised"] == "WorkerError" and "DataError: non-finite value" in failure["message"], failure
     assert "partition 1" in failure["message"] and failure["left"] == [] and failure["left_after"] < 25, failure
     assert sorted(xla) == ["uneven"], sorted(xla)
-    for name, fit in xla.items():
-        for where in (fit["where"], fit["ring_where"]):
-            assert_ran_on_executors(where["executor_ids"], where["worker_pids"], where["driver_pid"])
-            assert sorted(where["executor_hosts"].values()) == sorted(hosts.addresses), (name, where["executor_hosts"])
-        assert fit["ring_where"]["server"]["rendezvous_peers"] == sorted(hosts.addresses), (name, fit["ring_where"]["server"])
-        hosts_of = fit["where"]["executor_hosts"]
-        # both epochs in one barrier stage: one JAX job, one rank process on each host
-        assert fit["stages"] == 1 and len({r["pid"] for r in fit["ranks"]}) == 2, (name, fit["ranks"])
-        for epoch in (fit["ranks"][:2], fit["ranks"][2:]):
-            assert sorted(hosts_of[str(r["executor_id"])] for r in epoch) == sorted(hosts.addresses), (name, epoch)
-            (rank0,) = [r for r in epoch if r["rank"] == 0]
-            for r in epoch:
-                assert r["collectives"] == "xla" and r["xla_processes"] == 2, (name, r)
-                assert r["collectives_host"] == hosts_of[str(r["executor_id"])], (name, r, hosts_of)
-                assert r["coordinator"].rsplit(":", 1)[0] == rank0["collectives_host"], (name, r)
-        assert fit["max_diff"] <= 1e-5 and fit["accuracy"] >= 0.85, (name, fit["max_diff"], fit["accuracy"])
-        for key in ("loss", "accuracy"):
-            assert fit["history"][key] == pytest.approx(fit["ring_history"][key], abs=1e-5), (name, fit)
-    assert sorted(r["samples"] for r in xla["uneven"]["ranks"][:2]) == [250, 774]  # the first epoch's ranks
-    assert {r["global_steps"] for r in xla["uneven"]["ranks"]} == {25}  # ceil(774 / 32) on both hosts: join semantics
+    fit = xla["uneven"]
+    for where in (fit["where"], fit["ring_where"]):
+        assert_ran_on_executors(where["executor_ids"], where["worker_pids"], where["driver_pid"])
+        assert sorted(where["executor_hosts"].values()) == sorted(hosts.addresses), where["executor_hosts"]
+    assert fit["ring_where"]["server"]["rendezvous_peers"] == sorted(hosts.addresses), fit["ring_where"]["server"]
+    hosts_of = fit["where"]["executor_hosts"]
+    # both epochs in one barrier stage: one JAX job, one rank process on each host
+    assert fit["stages"] == 1 and len({r["pid"] for r in fit["ranks"]}) == 2, fit["ranks"]
+    for epoch in (fit["ranks"][:2], fit["ranks"][2:]):
+        assert sorted(hosts_of[str(r["executor_id"])] for r in epoch) == sorted(hosts.addresses), epoch
+        (rank0,) = [r for r in epoch if r["rank"] == 0]
+        for r in epoch:
+            assert r["collectives"] == "xla" and r["xla_processes"] == 2, r
+            assert r["collectives_host"] == hosts_of[str(r["executor_id"])], (r, hosts_of)
+            assert r["coordinator"].rsplit(":", 1)[0] == rank0["collectives_host"], r
+    assert fit["max_diff"] <= 1e-5 and fit["accuracy"] >= 0.85, (fit["max_diff"], fit["accuracy"])
+    for key in ("loss", "accuracy"):
+        assert fit["history"][key] == pytest.approx(fit["ring_history"][key], abs=1e-5), fit
+    assert sorted(r["samples"] for r in fit["ranks"][:2]) == [250, 774]  # the first epoch's ranks
+    assert {r["global_steps"] for r in fit["ranks"]} == {25}  # ceil(774 / 32) on both hosts: join semantics

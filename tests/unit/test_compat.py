@@ -81,21 +81,10 @@ def test_raw_learning_rate_tells_a_schedule_from_a_constant():
 
 def test_every_private_jax_name_the_collectives_use_is_still_there():
     """jax_collectives._gloo_at (Gloo at the executor's address across hosts) relies on JAX's private names."""
-    import importlib
-
     import pytest
 
-    pytest.importorskip("jax")
+    jax = pytest.importorskip("jax")
     from sparkdl_train.backend import jax_collectives
 
-    def has(obj, path):
-        for name in path.split("."):
-            if not hasattr(obj, name):
-                return False
-            obj = getattr(obj, name)
-        return True
-
-    gone = [f"{mod}.{attr}" for mod, attr, _ in jax_collectives.PRIVATE if not has(importlib.import_module(mod), attr)]
-    import jax
-
+    gone = jax_collectives.missing()
     assert gone == [], f"this JAX ({jax.__version__}) lacks {gone}: update sparkdl_train/backend/jax_collectives.py"
