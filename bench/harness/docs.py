@@ -135,6 +135,25 @@ def cold_first_fit() -> str:
                                   "now"], rows) + (f"\n\nBefore: {before['note']}." if before.get("note") else "")
 
 
+@figure("daemon_start")
+def daemon_start() -> str:
+    r = results.load("daemon_start")
+    label = {"off": "store off (every daemon compiles pyspark.zip's modules)", "cold": "store empty (a host's first daemon)",
+             "warm": "store filled (every later daemon)", "site-packages": "pyspark from site-packages (no zip: the floor)"}
+    start = {row["setting"]: row for row in r["rows"] if row["what"] == "daemon start"}
+    rows = [[label[k], f"{v['median_s']:.2f} s", x(start["off"]["median_s"] / v["median_s"])] for k, v in start.items()]
+    caption = (f"The worker daemon's start (fresh interpreter, Spark's pyspark.zip and py4j's zip first on its path, as an "
+               f"executor's: {r['modules']} modules from the archives), median of {r['rounds']} alternated rounds; off / setting.")
+    out = block(caption, ["daemon start", "seconds", "off / this"], rows, "daemon_start")
+    fits = {row["setting"]: row for row in r["rows"] if row["what"] == "cold fit"}
+    if fits:
+        rows = [[label[k], f"{v['median_s']:.2f} s", f"{v['executors_wait_s']:.2f} s", x(fits["off"]["median_s"] / v["median_s"])]
+                for k, v in fits.items()]
+        out += "\n\n" + table([f"a cold DeepFM fit (synchronous, 1 epoch, `local[2]`), median of {r['fits']}", "fit",
+                                "waiting for the executors' start", "off / this"], rows)
+    return out
+
+
 @figure("flagship_job")
 def flagship_job() -> str:
     r = results.load("flagship_job")

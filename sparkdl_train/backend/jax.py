@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .. import _compat
+from .._folders import private_folder
 from ..errors import ConfigError
 from ..trees import Batch, tree_leaves, tree_map, zero_rows
 from . import capabilities
@@ -55,23 +56,6 @@ def default_cache_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"sparkdl_train-jax-cache-{os.getuid()}")
 
 
-def _private_folder(path: str) -> str | None:
-    """Why ``path`` cannot hold this process's compiled code (None: it can). Created (mode 0700) if absent;
-    refused when another user owns it or others may write to it: JAX runs what it loads from there."""
-    import stat
-
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.stat(path)
-    except OSError as exc:
-        return f"cannot create it ({exc})"
-    if st.st_uid != os.getuid():
-        return f"it belongs to uid {st.st_uid}, not this process's {os.getuid()}"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"others may write to it (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
 def configure_cache(setting: str | None = None, max_bytes: int | None = None) -> str | None:
     """Point this process's JAX at its persistent compilation cache: ``setting`` ('auto', 'off' or a folder;
     default: what the driver gave this worker in SPARKDL_TRAIN_JAX_CACHE), ``max_bytes`` its size (0: no
@@ -88,7 +72,7 @@ def configure_cache(setting: str | None = None, max_bytes: int | None = None) ->
     folder = default_cache_dir() if setting == "auto" else setting
     if _cache_configured == folder:
         return folder
-    why = _private_folder(folder)
+    why = private_folder(folder)
     if why is not None:
         logging.getLogger(__name__).warning("JAX's compilation cache is off in this process: %s cannot hold it (%s); "
                                             "spark.sparkdl_train.jax.compilationCache names another folder", folder, why)

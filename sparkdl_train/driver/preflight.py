@@ -78,6 +78,11 @@ def probe(index, _rows):
             out["modules"][name] = {"version": str(getattr(mod, "__version__", "")), "file": getattr(mod, "__file__", None)}
         except BaseException as exc:
             out["modules"][name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    # where pyspark came from (Spark's pyspark.zip on executors), and the worker daemon's store of its compiled code
+    out["pyspark"] = getattr(sys.modules.get("pyspark"), "__file__", None)
+    cache = sys.modules.get("sparkdl_train.worker.code_cache")
+    store = getattr(getattr(cache, "CachingZipImporter", None), "store", None)
+    out["code_cache"] = {"folder": store.folder, "hits": cache.hits, "misses": cache.misses} if store is not None else None
     yield json.dumps(out)
 
 

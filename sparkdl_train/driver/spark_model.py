@@ -314,11 +314,13 @@ class SparkModel:
         # the sample job runs beside the driver's own work; a DataFrame's (a plain query, no code of
         # ours on the executors) even beside the model's serialization
         sample = self._start_sample(train) if train.sample_first else None
-        with _cancelled_on_error(sample):
-            with phases("payload"):  # a model that cannot be shipped fails here, before any job runs our code
-                payload = self._payload(train, sample)
-        # the executors' check (their Python workers, TensorFlow imports) runs while the driver prepares
+        # the executors' check (their Python workers' start: TensorFlow's import, most of a cold fit's wait)
+        # runs while the driver prepares, from the model's serialization on; the sample job, submitted
+        # first, takes its slot before the check's tasks wait there for the import
         check = self._start_preflight(train, config)
+        with _cancelled_on_error(sample):
+            with phases("payload"):  # a model that cannot be shipped fails here, before any job of this fit's
+                payload = self._payload(train, sample)
         sample = sample or self._start_sample(train)
         sampled = train  # the adapter the sample reads (train becomes its split / repartitioned form)
         refs = SharedRefs(payload)

@@ -122,6 +122,12 @@ def save_model(model: Any, out_dir: str, name: str) -> str:
     return write_output(out_dir, name, save_archive(model))
 
 
+def _code_cache(report: dict[str, Any]) -> tuple[str, str | None, str | None, int, int]:
+    """(executor, pyspark's file, the store's folder, modules loaded from it, modules compiled) of one probe report."""
+    c = report.get("code_cache") or {}
+    return str(report.get("executor_id")), report.get("pyspark"), c.get("folder"), c.get("hits", 0), c.get("misses", 0)
+
+
 def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
     """Where the training tasks ran: the master, the executor ids Spark recorded for them, the Python
     worker pids beside the driver's, and what the executors' environment check found."""
@@ -152,4 +158,6 @@ def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
         "executor_environment": sorted(
             {(str(r.get("executor_id")), r["python"], r["modules"]["sparkdl_train"].get("file")) for r in env}
         ),
+        # where the executors' pyspark came from and what the worker daemon's store of its compiled code did (per Python worker)
+        "executor_code_cache": sorted((_code_cache(r) for r in env), key=repr),
     }

@@ -100,6 +100,10 @@ def assert_ran_in_containers(s: dict, yarn: Yarn, workers: int = 2) -> None:
     for _, python, module in s["executor_environment"]:
         assert python.endswith("/environment/bin/python") and python.startswith(yarn.cluster.root), python
         assert "/environment/lib/" in module and not module.startswith(ROOT + "/sparkdl_train"), module
+    for _, pyspark_file, folder, hits, misses in s["executor_code_cache"]:
+        # pyspark from the pyspark.zip YARN localized for the application; its code through the host's store
+        assert pyspark_file.startswith(yarn.cluster.root) and "/pyspark.zip/" in pyspark_file, pyspark_file
+        assert folder is not None and hits + misses > 50, (folder, hits, misses)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +137,7 @@ def gpu_conf() -> str:
     return "--files minicluster/gpu_discovery.sh " + " ".join(f"--conf {k}={v}" for k, v in settings.items())
 
 
-def test_every_engine_trains_in_yarn_containers_on_yarn_gpus(yarn, tmp_path):
+def test_every_engine_trains_in_yarn_containers_on_yarn_gpus(yarn, client_run, tmp_path):
     """tests/scripts/yarn_jobs.py engines: the flagship job once per engine in one application submitted with
     conf/spark-defaults.yarn.conf and its GPU lines, each near the Bayes-optimal AUC, each in containers on
     both NodeManagers. GPUs as YARN schedules them: each executor asks for one yarn.io/gpu and each
@@ -170,6 +174,10 @@ def test_every_engine_trains_in_yarn_containers_on_yarn_gpus(yarn, tmp_path):
         assert s["gpu_addresses"] == ["0"] and s["gpu_tasks"] == s["tasks"] > 0, (name, s["gpu_addresses"], s["gpu_tasks"])
         assert s["workers"] == 2 and s["epochs"] == 2, (name, s["workers"], s["epochs"])
         assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, (name, s["test_auc"], s["bayes_auc"])
+        # client_run's application filled each host's store of pyspark's compiled code: this application's daemons,
+        # with pyspark.zip localized at paths of its own, compiled none of it
+        assert all(misses == 0 and hits > 50 for *_, hits, misses in s["executor_code_cache"]), s["executor_code_cache"]
+        assert not {c[1] for c in s["executor_code_cache"]} & {c[1] for c in client_run["executor_code_cache"]}
     engines = {name: json.load(open(out / name / "summary.json"))["communication"]["engine"] for name, _ in yarn_jobs.ENGINES}
     assert engines == {"averaging": "spark_averaging", "synchronous_ps": "parameter_server", "hogwild": "parameter_server",
                        "allreduce_ring": "allreduce", "allreduce_batch": "allreduce"}, engines

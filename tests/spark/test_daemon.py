@@ -16,8 +16,9 @@ def test_preload_reports_failures_and_keeps_stdout_clean(capfd):
 
 def test_session_workers_fork_from_the_preloading_daemon(sc):
     """The test session uses the daemon (as the shipped conf files do): every Python worker is a
-    child of it and has TensorFlow and the executor modules before it runs any task code, and
-    the daemon's objects frozen out of the garbage collector's scans (gc.freeze)."""
+    child of it and has TensorFlow and the executor modules before it runs any task code, pyspark's
+    modules from Spark's zip loaded through the host's code store, and the daemon's objects frozen
+    out of the garbage collector's scans (gc.freeze)."""
     assert sc.getConf().get("spark.python.daemon.module") == "sparkdl_train.worker.daemon"
 
     def _worker_facts(index, rows):
@@ -28,7 +29,13 @@ def test_session_workers_fork_from_the_preloading_daemon(sc):
             parent = f.read().replace(b"\0", b" ").decode()
         import gc
 
+        from sparkdl_train.worker import code_cache
+
+        worker = sys.modules["pyspark.worker"]
         yield {"pid": os.getpid(), "parent": parent, "tensorflow_loaded": "tensorflow" in sys.modules,
+               # pyspark from Spark's pyspark.zip, its code from the host's store, not compiled by each daemon
+               "pyspark_from": worker.__file__, "loader": type(worker.__loader__).__name__,
+               "code_store": code_cache.hits + code_cache.misses,
                "tasks_loaded": "sparkdl_train.worker.tasks" in sys.modules,
                # what TensorFlow and Keras import only in case (scikit-learn, JAX, matplotlib) stayed out of the daemon
                "speculative": sorted(m for m in ("sklearn", "jax", "matplotlib") if m in sys.modules),
@@ -40,6 +47,7 @@ def test_session_workers_fork_from_the_preloading_daemon(sc):
         assert "-m sparkdl_train.worker.daemon" in f["parent"], f
         assert f["tensorflow_loaded"] and f["tasks_loaded"], f
         assert f["speculative"] == [], f
+        assert "pyspark.zip" in f["pyspark_from"] and f["loader"] == "CachingZipImporter" and f["code_store"] > 50, f
         # the daemon froze what it imported: the worker's full collections scan only its own objects
         assert f["frozen"] > 100_000 and f["scanned"] < f["frozen"] // 4, f
         assert f["pid"] != os.getpid()

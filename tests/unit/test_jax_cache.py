@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from sparkdl_train._folders import private_folder
 from sparkdl_train.backend import jax as jax_backend
 
 # a worker as the driver starts it: the setting in SPARKDL_TRAIN_JAX_CACHE, JAX not imported yet; it counts
@@ -56,8 +57,8 @@ def test_a_folder_others_may_write_to_is_not_used(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    assert "others may write" in jax_backend._private_folder(str(shared))
+    assert "others may write" in private_folder(str(shared))
     r = _worker({jax_backend.CACHE_SETTING_ENV: str(shared)})
     assert r["dir"] in (None, "") and not os.listdir(shared), r
-    assert jax_backend._private_folder(str(tmp_path / "new" / "cache")) is None
+    assert private_folder(str(tmp_path / "new" / "cache")) is None
     assert os.stat(tmp_path / "new" / "cache").st_mode & 0o777 == 0o700
