@@ -154,7 +154,8 @@ class CachingZipImporter(zipimport.zipimporter):
             return None
         name = self.prefix + fullname.rpartition(".")[2]
         inner = os.path.join(name, "__init__.py") if package else name + ".py"
-        return inner if inner in self._files else None
+        files = self._get_files() if hasattr(self, "_get_files") else self._files  # Python 3.13 reads the listing lazily
+        return inner if inner in files else None
 
     def _source_entry(self, fullname: str) -> tuple[str, bytes] | None:
         inner = self._source_name(fullname)
