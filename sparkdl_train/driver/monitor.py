@@ -141,10 +141,13 @@ class FitMonitor:
                               tls=self._tls.for_clients() if self._tls is not None else None)
 
     # -- one epoch --------------------------------------------------------------------
-    def run(self, epoch: int, action: Callable[[], T]) -> T:
+    def run(self, epoch: int, action: Callable[[], T], abort: Callable[[], BaseException | None] | None = None) -> T:
         """Run ``action`` (one epoch's Spark job) on a helper thread; meanwhile dispatch live reports.
         Raises :class:`FitCancelled` instead when :meth:`cancel` was called before it started, or
-        while it was being submitted (its job may have escaped the cancel; it has ended now)."""
+        while it was being submitted (its job may have escaped the cancel; it has ended now).
+        ``abort()``, polled while the job runs: an error once the epoch has failed on the driver's side (a
+        synchronous round that timed out), raised after the job is cancelled, without waiting for Spark's
+        retries of the tasks it failed (each would fail again, and each costs a task's start)."""
         self._check_cancelled(epoch)
         start = time.perf_counter()
         tally = EpochTally(epoch, self.workers)
@@ -164,9 +167,15 @@ class FitMonitor:
         thread = self._thread(target)
         thread.start()
         watched = time.monotonic()
+        aborted: BaseException | None = None
         try:
             while not finished.is_set():
                 self._dispatch(tally, timeout=0.1, finished=finished)
+                if abort is not None and aborted is None:
+                    aborted = abort()
+                    if aborted is not None:
+                        log.error("epoch %d failed: %s; cancelling its Spark job", epoch + 1, aborted)
+                        self._cancel_jobs()
                 if self.model.stop_training and not self.stop_requested:
                     self.stop_requested = True
                     log.info("epoch %d: stop_training was set during the epoch; cancelling its Spark job", epoch + 1)
@@ -182,6 +191,10 @@ class FitMonitor:
             thread.join(60)
             raise
         error = box.get("error")
+        if aborted is None and abort is not None and error is not None:
+            aborted = abort()  # the job ended (Spark's retries spent) before the loop looked
+        if aborted is not None:
+            raise aborted from error
         if error is not None and (self.memory_failure is not None or self._watch_executors(epoch)):
             raise memory_error(self.memory_failure, f"epoch {epoch + 1}") from error
         if error is not None:

@@ -60,7 +60,9 @@ def straggler(last: dict[int, int], held: dict[int, float], rounds: int, seconds
               share: float = 0.75, hold: float = 0.25, min_rounds: int = 4) -> tuple[int, int, float] | None:
     """The worker that held a pass's synchronous rounds, if one did: ``(worker, rounds it came last
     in, seconds the others waited for it)`` when it came last in at least ``share`` of at least
-    ``min_rounds`` rounds and the waits add up to ``hold`` of the pass's ``seconds``; else None.
+    ``min_rounds`` rounds and the waits add up to ``hold`` of ``seconds``, the time the pass's rounds
+    took (:attr:`PSStats.round_span_seconds`: from its first push to its last round's end, so neither the
+    job's start nor the first step's trace dilutes the waits); else None.
     ``last`` and ``held`` are the pass's own counts (:attr:`PSStats.last_in_round`, ``held_seconds``)."""
     if rounds < min_rounds or not last:
         return None
@@ -90,6 +92,8 @@ class PSStats:
     # first push then waited for it (a straggler: a slow host, link or partition holds every round)
     last_in_round: dict[int, int] = field(default_factory=dict)
     held_seconds: dict[int, float] = field(default_factory=dict)
+    # the seconds the synchronous rounds took, each epoch from its first push to its last round's end
+    round_span_seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_bytes(self, received: int = 0, sent: int = 0) -> None:
@@ -118,6 +122,7 @@ class PSStats:
             "worker_samples": dict(sorted(self.worker_samples.items())),
             "last_in_round": dict(sorted(self.last_in_round.items())),
             "held_seconds": {k: round(v, 3) for k, v in sorted(self.held_seconds.items())},
+            "round_span_seconds": round(self.round_span_seconds, 4),
         }
 
 
@@ -254,6 +259,7 @@ class ServerState:
         self._round_acc = WeightedMean()
         self._round_pushed: set[int] = set()
         self._round_began = 0.0  # when the round's first push arrived
+        self._span_mark: float | None = None  # the epoch's first push, then its last round's end
         self._failed: str | None = None
         # the first round or staleness wait of the epoch that timed out: every later wait and push of the
         # epoch fails with it at once (a task Spark retries would otherwise push into that round again)
@@ -265,6 +271,12 @@ class ServerState:
         with self._cond:
             return self._waiting
 
+    def timed_out(self) -> str | None:
+        """What timed out in this epoch (its first synchronous round or staleness wait that did), or None:
+        the epoch has failed, whatever Spark makes of its tasks' errors."""
+        with self._cond:
+            return self._timed_out
+
     # -- epoch and membership ----------------------------------------------------------
     def begin_epoch(self, expected: int) -> None:
         with self._cond:
@@ -275,6 +287,7 @@ class ServerState:
             self._round_pushed.clear()
             self._round_acc = WeightedMean()
             self._round_rows = {}
+            self._span_mark = None
             self._join_deadline = time.monotonic() + self.join_timeout
             self._failed = None
             self._timed_out = None
@@ -587,6 +600,8 @@ class ServerState:
             my_round = self._round
             if not self._round_pushed:
                 self._round_began = time.monotonic()  # the round's first push
+                if self._span_mark is None:
+                    self._span_mark = self._round_began  # the epoch's first
             weight = max(samples, 1)
             self._round_acc = self._round_acc.merge(WeightedMean.of(list(delta), weight))
             for i, r in rows.items():
@@ -618,6 +633,10 @@ class ServerState:
             self._add_rows({i: SparseRows(ids, summed)})
         self._round += 1
         self.stats.rounds += 1
+        now = time.monotonic()
+        if self._span_mark is not None:
+            self.stats.round_span_seconds += now - self._span_mark
+        self._span_mark = now
         self._round_acc = WeightedMean()
         self._round_rows = {}
         self._round_pushed = set()

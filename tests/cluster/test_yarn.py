@@ -409,9 +409,12 @@ def test_fits_under_dynamic_allocation_use_the_executors_that_come_and_go_and_al
     assert all(e["samples"] == r["train_rows"] for e in epochs), epochs  # nothing lost or trained twice
     arrived = {k for k, v in executors.items() if v["added"] > fit["started"]}
     assert arrived & set(epochs[0]["executors"] + epochs[1]["executors"]), (arrived, epochs)  # came, and was used
-    released = {k for k, v in executors.items() if v["removed"] and fit["started"] < v["removed"] < fit["ended"]}
-    assert released and all("killed by driver" in executors[k]["reason"] for k in released), executors
-    assert not released & set(epochs[-1]["executors"]), (released, epochs[-1])  # the fit went on without it
+    # released while the driver's slow step ran after the second epoch (others may go idle after the fit, as
+    # the evaluation runs: those are not the point)
+    released = set(r.get("released_in_step", ()))
+    assert released and all("killed by driver" in executors[k]["reason"] for k in released), (r.get("released_in_step"), executors)
+    later = set(epochs[2]["executors"] + epochs[3]["executors"])
+    assert not released & later, (released, epochs[2:])  # the fit went on without it
     assert len({x for e in epochs for x in e["executors"]}) >= 2 and fit["auc"] > 0.83, fit
     averaging = r["fits"]["averaging"]
     assert all(e["samples"] == r["train_rows"] and e["executors"] for e in averaging["epochs"]), averaging

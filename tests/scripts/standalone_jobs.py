@@ -170,7 +170,8 @@ def host_fits(spark, network, out_dir: str) -> None:
         out[name] = {**where_it_ran(spark, sm.stats), "server": sm.stats.server, "seconds": seconds, "accuracy": accuracy(model),
                      "epoch_s": [e.seconds for e in sm.stats.epochs],
                      "links": {a: {k: after[a][k] - before[a][k] for k in ("rx", "tx")} for a in after},
-                     "tasks": [{k: i.get(k) for k in ("executor_id", "seconds", "pushes", "bytes_sent", "batches")} for i in parts]}
+                     "tasks": [{k: i.get(k) for k in ("executor_id", "seconds", "pushes", "bytes_sent", "batches", "push_round_trip_seconds")}
+                               for i in parts]}
         return sm
 
     # what the links carried: the parameter server (TLS on) and the ring, on a model whose exchanges dominate

@@ -229,6 +229,7 @@ def elastic(spark, args, out_dir: str) -> None:
             present = set(active())
             if epoch == 1 and len(present) > 1:
                 out["release_wait"] = _wait_for("an idle executor released", lambda: not present <= set(active()), 120)
+                out["released_in_step"] = sorted(present - set(active()))
 
     fits = {}
     for name, mode, frequency, epochs, callbacks in (("asynchronous", "asynchronous", 4, 4, [SlowStep()]),

@@ -159,3 +159,43 @@ def test_a_kill_during_the_fits_preparation_counts_as_the_fits():
     with m as monitor, pytest.raises(WorkerError) as info:
         monitor.run(0, lambda: sc.cancelled.wait(60) and (_ for _ in ()).throw(RuntimeError("Job 3 cancelled")))
     assert info.value.cause == "container_memory" and "executor 2's container" in info.value.message
+
+
+def test_a_synchronous_round_that_times_out_ends_the_epoch_at_once_without_sparks_retries():
+    """The parameter server's round times out (a worker that never pushes: its host cut off): the pushing
+    worker's task fails, and Spark would run it again up to spark.task.maxFailures times, each attempt failing
+    at its first push after a task's start (20 s on a loaded machine for four). The engine's abort
+    (ParameterServerEngine._epoch_failed) sees the server's timeout: the job is cancelled and the fit fails
+    with the server's own words, cause timeout, within a poll of the timeout."""
+    import numpy as np
+
+    from sparkdl_train.driver.engines.parameter_server import ParameterServerEngine
+    from sparkdl_train.ps.state import RoundTimeout, ServerState
+
+    sc = FakeContext()
+    state = ServerState([np.zeros(3, np.float32)], "synchronous", round_timeout=0.5, join_timeout=0.0)
+    state.begin_epoch(2)
+    state.join(0, "10.0.0.1"), state.join(1, "10.0.0.2")
+    engine = ParameterServerEngine.__new__(ParameterServerEngine)  # only its state is read by the abort
+    engine.state = state
+    ctx = SimpleNamespace(description="sparkdl_train fit: epoch 3/6")
+
+    def epoch():  # worker 0's task, failed and retried by Spark until the job is cancelled
+        with pytest.raises(RoundTimeout):
+            state.push(0, state.version, [np.ones(3, np.float32)], 5)
+        if not sc.cancelled.wait(60):
+            return "trained"
+        raise RuntimeError("Job 9 cancelled part of cancelled job tag sparkdl_train-x")
+
+    started = time.monotonic()
+    with _monitor(sc) as monitor, pytest.raises(WorkerError) as info:
+        monitor.run(2, epoch, abort=lambda: engine._epoch_failed(ctx))
+    assert time.monotonic() - started < 3 and sc.cancelled.is_set()
+    err = info.value
+    assert err.cause == "timeout" and "Job 9 cancelled" in repr(err.__cause__), (err, err.__cause__)
+    assert err.message.startswith("sparkdl_train fit: epoch 3/6 failed: synchronous round 0 timed out after 0.5 s "
+                                  "(spark.sparkdl_train.ps.roundTimeout): worker 1 (its executor at 10.0.0.2) did not push"), err.message
+    # an epoch whose server saw no timeout is not aborted
+    state.begin_epoch(2)
+    with _monitor(FakeContext()) as monitor:
+        assert monitor.run(3, lambda: "trained", abort=lambda: engine._epoch_failed(ctx)) == "trained"

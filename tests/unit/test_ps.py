@@ -90,19 +90,24 @@ def test_sync_applies_weighted_mean_once_all_workers_pushed():
     assert s.stats.rounds == 1
 
 
+def _rounds_held_by_worker_1(s, rounds=4, hold=0.05):
+    """``rounds`` synchronous rounds in which worker 0 pushes first and waits ``hold`` s for worker 1's push."""
+    for _ in range(rounds):
+        t = threading.Thread(target=s.push, args=(0, s.version, ones(1.0), 5))
+        t.start()
+        wait_until(lambda: s.waiting() == 1, what="worker 0 to wait in the round")
+        time.sleep(hold)
+        s.push(1, s.version, ones(1.0), 5)
+        t.join(5)
+
+
 def test_sync_rounds_name_the_worker_they_waited_for():
     """Every round waits for worker 1's push: it comes last in each, the others' wait is counted, and
     straggler() names it; a worker leaving completes a round without counting as its last."""
     s = ServerState(W, "synchronous", join_timeout=5)
     s.begin_epoch(2)
     s.join(0), s.join(1)
-    for _ in range(4):
-        t = threading.Thread(target=s.push, args=(0, s.version, ones(1.0), 5))
-        t.start()
-        wait_until(lambda: s.waiting() == 1, what="worker 0 to wait in the round")
-        time.sleep(0.05)
-        s.push(1, s.version, ones(1.0), 5)
-        t.join(5)
+    _rounds_held_by_worker_1(s)
     st = s.stats.as_dict()
     assert st["last_in_round"] == {1: 4} and st["held_seconds"][1] >= 0.2, st
     assert straggler(st["last_in_round"], st["held_seconds"], st["rounds"], seconds=0.5) == (1, 4, st["held_seconds"][1])
@@ -116,6 +121,27 @@ def test_sync_rounds_name_the_worker_they_waited_for():
     s.leave(1)
     t.join(5)
     assert s.stats.as_dict()["last_in_round"] == {1: 4} and s.stats.rounds == 5
+
+
+def test_sync_rounds_span_leaves_out_what_comes_before_the_first_push():
+    """The rounds' span (the straggler's measure) runs from an epoch's first push to its last round's end:
+    a slow start before the first push (a job's launch, the first step's trace) is not in it, so the same
+    waits name the same straggler however long the epoch took to start."""
+    s = ServerState(W, "synchronous", join_timeout=5)
+    for epoch in range(2):
+        s.begin_epoch(2)
+        s.join(0), s.join(1)
+        before = s.stats.as_dict()
+        started = time.monotonic()
+        time.sleep(0.3 if epoch else 0.0)  # the second epoch starts slowly
+        _rounds_held_by_worker_1(s)
+        elapsed = time.monotonic() - started
+        st = s.stats.as_dict()
+        span = st["round_span_seconds"] - before["round_span_seconds"]
+        held = st["held_seconds"][1] - before["held_seconds"].get(1, 0.0)
+        assert held <= span + 1e-3 and span <= elapsed - (0.3 if epoch else 0.0) + 1e-3, (epoch, held, span, elapsed)
+        last = {1: st["last_in_round"][1] - before["last_in_round"].get(1, 0)}
+        assert straggler(last, {1: held}, 4, span) == (1, 4, held), (epoch, held, span)
 
 
 def test_sync_round_completes_when_the_other_worker_finishes():

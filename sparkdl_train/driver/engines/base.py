@@ -247,10 +247,12 @@ def run_epoch(
     ctx: EpochContext,
     make_task: Callable[[Any, Any, Any], Any],
     launch: Callable[[Any, str], Partial] | None = None,
+    abort: Callable[[], BaseException | None] | None = None,
 ) -> tuple[Partial, EpochStats]:
     """Broadcast the driver's state, run ``make_task(payload_ref, state_ref, report_settings)``
     on every partition (through ``launch``, default ``train.map_reduce``, driven by the
-    fit's monitor), record where each task ran, merge."""
+    fit's monitor), record where each task ran, merge. ``abort()``: the epoch's error once the driver's
+    side knows it failed (a server's timeout), which ends it at once (:meth:`FitMonitor.run`)."""
     model, train, refs, epoch = ctx.model, ctx.train, ctx.refs, ctx.epoch
     start = time.perf_counter()
     with ctx.phases("broadcast"):
@@ -260,7 +262,7 @@ def run_epoch(
     try:
         task = make_task(payload, state, ctx.monitor.report_settings(epoch))
         with ctx.phases("job"):
-            partial: Partial = ctx.monitor.run(epoch, lambda: launch(task, ctx.description))
+            partial: Partial = ctx.monitor.run(epoch, lambda: launch(task, ctx.description), abort=abort)
     finally:
         train.unshare(state)
     locate(train.spark_context(), partial.partitions)

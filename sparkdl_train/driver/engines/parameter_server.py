@@ -14,6 +14,8 @@ from typing import Any
 
 from ...config import EngineConfig
 from ...data.adapters import DataAdapter
+from ...errors import WorkerError
+from ...failures import Cause
 from ...model_io import assign, exchanged_positions, metrics_result, set_metric_state, set_optimizer_state
 from ...net import new_identity, new_secret
 from ...ps.protocol import dense_exchange_bytes
@@ -117,12 +119,21 @@ class ParameterServerEngine(Engine):
             "dense_to_actual_bytes": self.dense_bytes_per_push / per_push if per_push else None,
         }
 
+    def _epoch_failed(self, ctx: EpochContext) -> WorkerError | None:
+        """The epoch's error once a synchronous round or a staleness wait of it timed out at the server: its
+        workers' pushes all fail from then on, so the fit ends now rather than after Spark's task retries."""
+        what = self.state.timed_out()
+        if what is None:
+            return None
+        return WorkerError(f"{ctx.description} failed: {what}", cause=Cause.TIMEOUT.value)
+
     def _report_straggler(self, before: dict[str, Any], after: dict[str, Any], epoch: EpochStats) -> None:
         """Warn about (and keep, in ``stats()["stragglers"]``) the worker whose pushes the epoch's
         synchronous rounds waited for, naming its executor and host."""
         last = {w: n - before["last_in_round"].get(w, 0) for w, n in after["last_in_round"].items()}
         held = {w: s - before["held_seconds"].get(w, 0.0) for w, s in after["held_seconds"].items()}
-        found = straggler(last, held, after["rounds"] - before["rounds"], epoch.seconds)
+        span = after["round_span_seconds"] - before["round_span_seconds"]
+        found = straggler(last, held, after["rounds"] - before["rounds"], span)
         if found is None:
             return
         worker, rounds, waited = found
@@ -130,11 +141,12 @@ class ParameterServerEngine(Engine):
         executor = info.get("executor_id")
         host = self.executor_hosts.get(str(executor)) if executor is not None else None
         record = {"epoch": epoch.epoch, "worker": worker, "executor_id": executor, "host": host, "last_in_rounds": rounds,
-                  "rounds": after["rounds"] - before["rounds"], "others_waited_s": round(waited, 3), "epoch_s": round(epoch.seconds, 3)}
+                  "rounds": after["rounds"] - before["rounds"], "others_waited_s": round(waited, 3), "rounds_s": round(span, 3),
+                  "epoch_s": round(epoch.seconds, 3)}
         self.stragglers.append(record)
         log.warning("synchronous PS, epoch %d: worker %d (executor %s on %s) came last in %d of %d rounds; the others waited "
-                    "%.1f s of the epoch's %.1f s for it (a slow host, link or partition: the asynchronous modes do not wait)",
-                    epoch.epoch + 1, worker, executor, host or "?", rounds, record["rounds"], waited, epoch.seconds)
+                    "%.1f s of the %.1f s its rounds took for it (a slow host, link or partition: the asynchronous modes do not wait)",
+                    epoch.epoch + 1, worker, executor, host or "?", rounds, record["rounds"], waited, span)
 
     @property
     def executor_hosts(self) -> dict[str, str]:
@@ -163,7 +175,8 @@ class ParameterServerEngine(Engine):
         )
         self.state.begin_epoch(self.workers)
         before = self.state.stats.as_dict()
-        partial, stats = run_epoch(ctx, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r))
+        partial, stats = run_epoch(ctx, lambda p, s, r: PSTrainTask(p, s, epoch, settings, ps, r),
+                                   abort=lambda: self._epoch_failed(ctx))
         if self.config.mode == "synchronous":
             self._report_straggler(before, self.state.stats.as_dict(), stats)
         self._take_server_weights(model)
