@@ -135,8 +135,10 @@ def _firewall(network, conf, master_port, between_hosts=()):
     with socket.socket() as a, socket.socket() as b:
         a.bind((network.driver_address, 0)), b.bind((network.driver_address, 0))
         driver_port, block_port = a.getsockname()[1], b.getsockname()[1]
+    # no retries: every port stays the one the firewall allows; and no UI, whose 4040 another application on
+    # this machine (a test on the other pytest-xdist worker) may hold: without retries the start would fail
     conf += [f"spark.driver.port={driver_port}", f"spark.blockManager.port={block_port}", "spark.port.maxRetries=0",
-             f"spark.sparkdl_train.network.ports={PORTS[0]}-{PORTS[1]}"]
+             "spark.ui.enabled=false", f"spark.sparkdl_train.network.ports={PORTS[0]}-{PORTS[1]}"]
     span = f"{PORTS[0]}-{PORTS[1]}"
     network.allow_only([str(master_port), str(driver_port), str(block_port), span], [str(block_port), span, *between_hosts])
     with socket.create_server((network.driver_address, PORTS[1])) as inside, socket.create_server((network.driver_address, 0)) as outside:

@@ -279,15 +279,13 @@ def test_job_reads_criteo_tsv_with_gzip_missing_values_and_malformed_lines(spark
 def test_job_resumes_after_its_driver_is_killed_with_the_uninterrupted_result(tmp_path, spark):
     """SIGKILL the driver (spark-submit's whole process group) after its second epoch's checkpoint;
     the same command with --resume continues from it and ends with the weights of a run that was
-    never interrupted (synchronous model averaging: deterministic; the reference on the suite's session)."""
+    never interrupted (synchronous model averaging: deterministic)."""
     common = ["--rows", "40000", "--workers", "2", "--mode", "synchronous", "--frequency", "epoch", "--epochs", "4"]
 
     def args(name, *extra):
         return [*common, "--checkpoint-dir", str(tmp_path / name / "ckpt"), *extra]
 
-    # the uninterrupted reference runs on the suite's own local[2] session (the job's two workers and
-    # partitions, as under spark-submit): one spark-submit fewer, its JVM, driver and imports
-    ref = load_job("train_ctr").main([*args("ref"), "--output", str(tmp_path / "ref")], spark=spark)
+    _, ref = spark_submit("local[2]", args("ref"), tmp_path / "ref")
 
     cmd, env = submit_command("local[2]", args("run"), tmp_path / "run")
     pointer = tmp_path / "run" / "ckpt" / "checkpoint.json"
