@@ -191,8 +191,6 @@ class FitMonitor:
             thread.join(60)
             raise
         error = box.get("error")
-        if aborted is None and abort is not None and error is not None:
-            aborted = abort()  # the job ended (Spark's retries spent) before the loop looked
         if aborted is not None:
             raise aborted from error
         if error is not None and (self.memory_failure is not None or self._watch_executors(epoch)):
