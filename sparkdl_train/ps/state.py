@@ -633,9 +633,8 @@ class ServerState:
             self._add_rows({i: SparseRows(ids, summed)})
         self._round += 1
         self.stats.rounds += 1
-        now = time.monotonic()
-        if self._span_mark is not None:
-            self.stats.round_span_seconds += now - self._span_mark
+        now = time.monotonic()  # the round's end, its update applied; the mark: set by the epoch's first push
+        self.stats.round_span_seconds += now - self._span_mark
         self._span_mark = now
         self._round_acc = WeightedMean()
         self._round_rows = {}

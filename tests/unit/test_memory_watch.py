@@ -1,7 +1,8 @@
-"""A container killed for its memory during a fit: the fit ends at once with cause container_memory and the line
-that names the setting to raise, whatever error Spark's own retries would have ended with (a fetch failure for
-the lost executor's shuffle output, minutes later, on the mini YARN cluster). No Spark: a fake context whose
-status store lists the executors that went away."""
+"""The fit's monitor ending an epoch at once, before Spark's own retries end it: a container killed for its memory
+during a fit (cause container_memory and the line that names the setting to raise, whatever error Spark's
+retries would have ended with: a fetch failure for the lost executor's shuffle output, minutes later, on the mini
+YARN cluster), and an engine's abort (the parameter server's round that timed out). No Spark: a fake context
+whose status store lists the executors that went away."""
 
 import threading
 import time
