@@ -135,7 +135,9 @@ class KafkaBroker:
                 f"-Dkafka.logs.dir={self.root}", "-cp", jars]
         env = node_env(self.root)
         if not os.path.exists(os.path.join(self.root, "data", "meta.properties")):
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = "-"
+            while cluster_id.startswith("-"):  # one in 64 would be read as an option (Kafka's own ids skip those too)
+                cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             proc = subprocess.run([*base, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", props],
                                   capture_output=True, text=True, timeout=120, env=env)
             if proc.returncode != 0:
