@@ -15,11 +15,14 @@ the epochs single-process Keras needed and grows, one fresh process each, until 
 - ``cnn``: a small CNN on 12x12 images of four templates, shifted and in noise (accuracy).
 
 Libraries: ``elephas`` (its ``SparkModel`` and ``AsynchronousSparkModel``, in its own venv: see
-``--setup-elephas``), ``sparkdl_train`` on TensorFlow and on JAX (its README's set-up: the worker daemon;
+``--setup-elephas``), ``sparkdl_train`` on TensorFlow and on JAX (its documented set-up: the worker daemon and the executor plugin;
 no ``warm_up``; on JAX the compilation cache as an earlier process left it, and the first try once more
 with it empty: a host's very first fit of the model), and ``keras`` (``model.fit`` in one process; its epoch times give the target's epochs).
 Each sparkdl_train run also prints the fit's own account of its fixed cost (``sm.stats.fixed_costs()``:
-the driver's phases before the first epoch, the first epoch's phases, the slowest task's start-up).
+the driver's phases before the first epoch, the first epoch's phases, the slowest task's start-up, and how
+many of the executors' daemons started with their executor). sparkdl_train runs with the executor plugin
+(``sparkdl_train.jvm``: its executors import as they start); ``--without-executor-start`` adds its runs
+without it, in the same run, and each run's session start is recorded beside its fit.
 
     python -m bench.e2e.cold_first_fit --setup-elephas          # once: .bench/elephas-venv (pip, ~5 min)
     python -m bench.e2e.cold_first_fit [--models deepfm mlp cnn] [--modes ...] [--backends tensorflow jax]
@@ -50,6 +53,7 @@ MODES = {  # name: (mode, frequency), the names both libraries have
 }
 ELEPHAS_VENV = os.path.join(".bench", "elephas-venv")
 ELEPHAS_PINS = ["elephas==7.3.0", "tensorflow>=2.16,<2.20", "numpy<2", "pyspark>=3.5,<=4.0.1", "scikit-learn"]
+NO_START = "sparkdl_train, no executor start"  # the same without the executor plugin (sparkdl_train.jvm): the time before it
 GOALS = {"cold time to target, Elephas' over sparkdl_train's": ">= 1.5x", "cold time to target, JAX's over TensorFlow's": "<= 1.0x"}
 
 
@@ -125,7 +129,7 @@ def child(cfg: dict) -> dict:
         return {"seconds": seconds, "scores": scores}
     t_session = time.perf_counter()
     conf = {"spark.sparkdl_train.jax.compilationCache": cfg["jax_cache"]} if cfg.get("jax_cache") else None
-    spark = ttt.spark_session("sparkdl_train" if lib == "sparkdl_train" else "elephas", conf)
+    spark = ttt.spark_session("sparkdl_train" if lib.startswith("sparkdl_train") else "elephas", conf)
     sc = spark.sparkContext
     session_s = time.perf_counter() - t_session
     rdd = sc.parallelize(list(zip(x, y)), WORKERS)  # lazy: its first Python task runs in the fit
@@ -165,6 +169,8 @@ def launch(cfg: dict, python: str, backend: str = "tensorflow") -> dict:
     if os.path.exists(result):
         os.remove(result)
     env = ttt.child_env(python, backend)
+    if cfg["lib"] == NO_START:
+        env["SDT_EXECUTOR_START"] = "off"
     proc = subprocess.run([python, "-m", "bench.e2e.cold_first_fit", "--child", json.dumps({**cfg, "result": result})],
                           env=env, timeout=1800, cwd="/tmp" if cfg["lib"] == "elephas" else ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -191,7 +197,11 @@ def _phases(fc: dict) -> str:
     def part(d: dict) -> str:
         return " ".join(f"{k} {v:.2f}" for k, v in d.items() if isinstance(v, (int, float)) and v >= 0.05)
 
-    return f"driver: {part(fc.get('driver', {}))} | first epoch: {part(fc.get('first_epoch', {}))} | task: {part(fc.get('tasks', {}))}"
+    start = fc.get("executor_start") or {}
+    started = (f" | daemons started with their executor: {start['started_with_executor']} of {start['workers']}"
+               + (f", imports {start['imports_s']:.2f} s" if start.get("imports_s") else "")) if start.get("workers") else ""
+    return (f"driver: {part(fc.get('driver', {}))} | first epoch: {part(fc.get('first_epoch', {}))} | task: {part(fc.get('tasks', {}))}"
+            + started)
 
 
 def main(argv: list[str]) -> None:
@@ -206,6 +216,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--keras-epochs", type=int, default=4)
     p.add_argument("--extra-epochs", type=int, default=2, help="epochs a distributed fit may take beyond Keras' own")
     p.add_argument("--work", default=os.path.join("/tmp", "sparkdl_train_bench"))
+    p.add_argument("--without-executor-start", action="store_true",
+                   help="also run sparkdl_train on TensorFlow without the executor plugin (sparkdl_train.jvm), in the same run")
     args = p.parse_args(argv)
     if args.child:
         cfg = json.loads(args.child)
@@ -242,6 +254,8 @@ def main(argv: list[str]) -> None:
         print(f"{model}: keras best {max(k['scores']):.4f}, target {target:.4f}, reached after {k_epochs} epoch(s) "
               f"in {keras_row['seconds']:.1f} s", flush=True)
         libs = [("elephas", "tensorflow", elephas)] + [("sparkdl_train", b, sys.executable) for b in args.backends]
+        if args.without_executor_start:
+            libs.insert(1, (NO_START, "tensorflow", sys.executable))
         for mode in args.modes:
             for lib, backend, python in libs:
                 tries, cache, empty = [], None, None
@@ -266,7 +280,8 @@ def main(argv: list[str]) -> None:
                 what = (f"error: {last['error'][-200:]}" if "error" in last else
                         f"{last['score']:.4f} after {last['epochs']} epoch(s) in {last['seconds']:.1f} s"
                         + ("" if row["reached"] else " (target not reached)"))
-                print(f"  {mode:<20} {lib:<14} {backend:<11} {what}", flush=True)
+                session = f" (session {last['session_s']:.1f} s)" if "session_s" in last else ""
+                print(f"  {mode:<20} {lib:<14} {backend:<11} {what}{session}", flush=True)
                 if "fixed_costs" in last:
                     print(f"  {'':<47}{_phases(last['fixed_costs'])}", flush=True)
                 if empty is not None and "seconds" in empty:
@@ -276,8 +291,10 @@ def main(argv: list[str]) -> None:
     summary = _summarize(runs)
     print("\nTime to target, cold (goals:", "; ".join(f"{k} {v}" for k, v in GOALS.items()) + ")")
     for s in summary:
+        before = f"  TF without the plugin {_s(s['tensorflow_no_start_s'])}" if s.get("tensorflow_no_start_s") else ""
         print(f"  {s['model']:<7} {s['mode']:<20} Elephas {_s(s['elephas_s'])}  TF {_s(s['tensorflow_s'])} ({x(s['vs_elephas_tf'])})"
-              f"  JAX {_s(s['jax_s'])} ({x(s['vs_elephas_jax'])}, JAX/TF {x(s['jax_over_tf'])})")
+              f"  JAX {_s(s['jax_s'])} ({x(s['vs_elephas_jax'])}, JAX/TF {x(s['jax_over_tf'])}){before}"
+              f"  session + fit: Elephas/TF {x(s['vs_elephas_tf_with_session'])}")
     print("wrote", results_file.write("cold_first_fit", {"elephas": "7.3", "rows": args.rows, "batch_size": BATCH, "workers": WORKERS,
                                                           "goals": GOALS, "summary": summary, "runs": runs}))
 
@@ -300,15 +317,22 @@ def _summarize(runs: list[dict]) -> list[dict]:
     def t(r: dict) -> float | None:
         return last_try(r)["seconds"] if r.get("reached") else None
 
+    def with_session(r: dict) -> float | None:  # the process's session start too: what the executor plugin overlaps
+        return last_try(r)["seconds"] + last_try(r)["session_s"] if r.get("reached") else None
+
     out = []
     for model, mode in dict.fromkeys((r["model"], r["mode"]) for r in runs if r["lib"] != "keras"):
         jr = run(model, mode, "sparkdl_train", "jax")
+        et, tt = with_session(run(model, mode, "elephas", "tensorflow")), with_session(run(model, mode, "sparkdl_train", "tensorflow"))
         e, tf, jx = t(run(model, mode, "elephas", "tensorflow")), t(run(model, mode, "sparkdl_train", "tensorflow")), t(jr)
         keras_s = next(r["seconds"] for r in runs if r["model"] == model and r["lib"] == "keras")
         empty = jr.get("empty_cache", {}).get("seconds")
         out.append({"model": model, "mode": mode, "keras_s": keras_s, "elephas_s": e, "tensorflow_s": tf, "jax_s": jx,
                     "vs_elephas_tf": e / tf if e and tf else None, "vs_elephas_jax": e / jx if e and jx else None,
-                    "jax_over_tf": jx / tf if jx and tf else None, "jax_empty_cache_s": empty})
+                    "jax_over_tf": jx / tf if jx and tf else None, "jax_empty_cache_s": empty,
+                    "tensorflow_no_start_s": t(run(model, mode, NO_START, "tensorflow")),
+                    "elephas_with_session_s": et, "tensorflow_with_session_s": tt,
+                    "vs_elephas_tf_with_session": et / tt if et and tt else None})
     return out
 
 

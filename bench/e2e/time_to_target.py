@@ -128,8 +128,13 @@ def spark_session(lib: str, conf: dict | None = None):
          .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
          .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.memory", "3g")
          .config("spark.default.parallelism", "2").config("spark.ui.showConsoleProgress", "false"))
-    if lib == "sparkdl_train":  # its documented set-up (README: "Fast start: the worker daemon")
+    if lib == "sparkdl_train":  # its documented set-up (docs/clusters.md: "Fast start": the worker daemon, the executor plugin)
         b = b.config("spark.python.daemon.module", "sparkdl_train.worker.daemon")
+        if os.environ.get("SDT_EXECUTOR_START", "on") != "off":
+            from sparkdl_train import jvm
+
+            for k, v in jvm.settings().items():
+                b = b.config(k, v)
     for k, v in {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}.items():
         b = b.config(f"spark.executorEnv.{k}", v)
     for k, v in (conf or {}).items():

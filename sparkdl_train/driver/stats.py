@@ -70,14 +70,24 @@ class FitStats:
 
     def fixed_costs(self) -> dict[str, Any]:
         """Where the fixed cost of this fit went: the driver's set-up phases, the first epoch's
-        driver phases and its slowest task's startup (TensorFlow import, model rebuild, state,
-        first batch, first step, first pull / rendezvous)."""
+        driver phases, its slowest task's startup (TensorFlow import, model rebuild, state,
+        first batch, first step, first pull / rendezvous) and :meth:`executor_start`."""
         first = self.epochs[0] if self.epochs else None
         return {
             "driver": dict(self.phases),
             "first_epoch": dict(first.phases) if first else {},
             "tasks": first.task_startup if first else {},
+            "executor_start": self.executor_start(),
         }
+
+    def executor_start(self) -> dict[str, Any]:
+        """What the executors' environment check found of the executor plugin (sparkdl_train.jvm): how many of
+        its Python workers run under a daemon whose imports started with their executor, of how many, and
+        the longest those imports took (seconds, spent before or while the fit began)."""
+        reports = self.environment or []
+        served = [r["zygote"] for r in reports if r.get("zygote")]
+        return {"workers": len(reports), "started_with_executor": len(served),
+                "imports_s": max((z.get("imports_s", 0.0) for z in served), default=None)}
 
     def executor_ids(self) -> list[str]:
         """The executors that ran this fit's training tasks (``"driver"`` in local mode)."""

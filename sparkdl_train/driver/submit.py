@@ -160,4 +160,9 @@ def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
         ),
         # where the executors' pyspark came from and what the worker daemon's store of its compiled code did (per Python worker)
         "executor_code_cache": sorted((_code_cache(r) for r in env), key=repr),
+        # per Python worker: the zygote its daemon is (sparkdl_train.jvm's plugin), that zygote's parent (the executor's
+        # JVM) and the JVM's backend class; None where the daemon started as usual
+        "executor_zygotes": sorted(((str(r.get("executor_id")), r.get("host"), (r.get("zygote") or {}).get("zygote"),
+                                     (r.get("zygote") or {}).get("jvm"), (r.get("zygote") or {}).get("jvm_main")) for r in env),
+                                   key=repr),
     }

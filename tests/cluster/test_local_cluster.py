@@ -16,6 +16,21 @@ def test_training_runs_in_separate_executor_processes(result):
     assert_ran_on_executors(result["executor_ids"], sorted(pids), result["driver_pid"])
 
 
+def test_each_executor_starts_its_python_daemons_imports_as_it_starts(result):
+    """The executor plugin (sparkdl_train.jvm): every training worker's daemon is the zygote its executor JVM
+    started (one per executor, not the driver's JVM), and the fit's check of the executors found each
+    report's daemon served by its executor's zygote."""
+    jvms = set()
+    for pid, ((daemon, daemon_cmd), (jvm, jvm_cmd), _) in result["worker_lineage"].items():
+        assert "-m sparkdl_train.worker.zygote" in daemon_cmd, (pid, daemon_cmd)
+        assert "CoarseGrainedExecutorBackend" in jvm_cmd and jvm != result["driver_jvm"], (pid, jvm_cmd)
+        jvms.add(jvm)
+    assert len(jvms) == 2, result["worker_lineage"]
+    served = [z for _, z in result["env_zygotes"]]
+    assert served and all(z is not None and z["jvm"] in jvms and z["imports_s"] > 0 for z in served), result["env_zygotes"]
+    assert {e for e, _ in result["env_zygotes"]} == set(result["executor_ids"]), result["env_zygotes"]
+
+
 def test_accuracy_within_two_points_of_single_process(result):
     assert result["ref_acc"] > 0.93
     assert result["acc"] >= result["ref_acc"] - 0.02, result

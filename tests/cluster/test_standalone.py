@@ -102,6 +102,12 @@ def test_the_readme_cluster_commands_train_on_the_standalone_cluster(standalone_
     with open(os.path.join(where, "output", "summary.json")) as f:
         s = json.load(f)
     _assert_ran_from_the_archive(s, standalone_cluster)
+    # the executor plugin ./run submit adds: every checked worker's daemon is the zygote its executor's JVM started
+    # (in the Worker's host), one per executor
+    zygotes = s["executor_zygotes"]
+    assert zygotes and all(z is not None and main == "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+                           for _, _, z, _, main in zygotes), zygotes
+    assert len({jvm for *_, jvm, _ in zygotes}) == len({e for e, *_ in zygotes}), zygotes
     # no --workers: one per task slot of the two 1-core executors, counted after they registered
     assert s["mode"] == "asynchronous" and s["workers"] == 2 and s["train_rows"] + s["test_rows"] == ROWS, s
     assert s["data_source"] == "spark", s["data_source"]  # the job's features, computed and cached by Spark

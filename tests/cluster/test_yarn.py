@@ -108,7 +108,8 @@ def assert_ran_in_containers(s: dict, yarn: Yarn, workers: int = 2) -> None:
 
 @pytest.fixture(scope="module")
 def client_run(yarn):
-    """README's client-mode line: the driver here, Parquet from HDFS, the model and summary to HDFS."""
+    """README's client-mode line: the driver here, Parquet from HDFS, the model and summary to HDFS (with the
+    executor plugin ./run submit adds)."""
     proc = yarn.run(yarn_lines()["client"])
     assert "test AUC" in proc.stdout, proc.stdout[-3000:]
     return yarn.summary("/user/me/ctr/summary.json")
@@ -123,6 +124,17 @@ def test_readme_client_mode_line_trains_in_yarn_containers_from_hdfs(yarn, clien
     assert s["bayes_auc"] - 0.06 < s["test_auc"] <= s["bayes_auc"] + 0.005, (s["test_auc"], s["bayes_auc"])
     assert s["model_path"] == "hdfs:///user/me/ctr/ctr_model.keras"
     assert "ctr_model.keras" in yarn.cluster.hdfs("-ls", "/user/me/ctr")
+
+
+def test_the_executor_plugin_starts_each_containers_python_imports_as_it_starts(client_run):
+    """Every Python worker the client-mode line's executors checked runs under the daemon its container's executor
+    JVM started with the plugin (YARN localized the plugin's jar; the archive's interpreter ran it), one per
+    executor."""
+    zygotes = client_run["executor_zygotes"]
+    assert zygotes, client_run
+    for executor, _host, zygote, jvm, main in zygotes:
+        assert zygote is not None and main == "org.apache.spark.executor.YarnCoarseGrainedExecutorBackend", zygotes
+    assert len({jvm for *_, jvm, _ in zygotes}) == len({e for e, *_ in zygotes}) == 2, zygotes
 
 
 def gpu_conf() -> str:

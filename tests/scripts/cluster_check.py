@@ -13,7 +13,8 @@ import pandas as pd
 from helpers import digits_split, make_mlp
 from pyspark.sql import SparkSession
 
-from sparkdl_train import SparkModel, to_simple_rdd
+from sparkdl_train import SparkModel, jvm, to_simple_rdd
+from sparkdl_train.worker.zygote import parent_of
 
 
 def main(master: str) -> None:
@@ -25,6 +26,8 @@ def main(master: str) -> None:
         .config("spark.python.daemon.module", "sparkdl_train.worker.daemon")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        # the executor plugin: each executor JVM starts its Python daemon's imports as it starts
+        .config(map=jvm.settings())
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -42,6 +45,20 @@ def main(master: str) -> None:
     acc = model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"]
     pids = sorted({(i["host"], i["pid"]) for e in sm.stats.epochs for i in e.partitions.values()})
     executors = sm.stats.executor_ids()
+    # each training worker's ancestry, read from /proc while its worker lives: its daemon, the process that daemon
+    # was forked from and that one's parent, with their command lines
+    lineage = {}
+    for _, pid in pids:
+        chain, p = [], pid
+        for _ in range(3):
+            p = parent_of(p)
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    chain.append([p, f.read().replace(b"\0", b" ").decode()])
+            except (OSError, TypeError):
+                chain.append([p, None])
+        lineage[str(pid)] = chain
+    env_zygotes = sorted(((str(r.get("executor_id")), r.get("zygote")) for r in sm.stats.environment), key=repr)
 
     pred = sorted(sm.predict(df, batch_size=100).select("id", "prediction").collect())
     got = np.array([r.prediction for r in pred], dtype=np.float32)
@@ -124,6 +141,10 @@ def main(master: str) -> None:
         "executor_ids": executors,
         "master": spark.sparkContext.master,
         "driver_pid": os.getpid(),
+        "driver_jvm": spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid(),
+        "worker_lineage": lineage,
+        "env_zygotes": env_zygotes,
+        "preflight_s": sm.stats.phases.get("preflight", 0.0),
         "pred_max_abs_diff": pred_diff,
         "eval_loss": dist_eval["loss"],
         "local_loss": local_eval["loss"],

@@ -91,7 +91,9 @@ def test_a_fit_reports_its_fixed_costs_and_can_share_one_daemon_between_rdd_and_
     assert {"payload", "adapter", "preflight", "plan", "sample", "sample_check", "start", "stop"} <= set(costs["driver"])
     assert {"broadcast", "job", "merge", "validation", "callbacks"} <= set(costs["first_epoch"])
     assert {"tf_import", "rebuild", "state", "first_batch", "first_step"} <= set(costs["tasks"])
-    assert all(v >= 0 for part in costs.values() for v in part.values()), costs
+    assert all(v >= 0 for k, part in costs.items() if k != "executor_start" for v in part.values()), costs
+    # the suite's session runs without the executor plugin: every checked worker's daemon imported at its own start
+    assert costs["executor_start"]["workers"] >= 1 and costs["executor_start"]["started_with_executor"] == 0, costs
     spent = sum(costs["driver"].values()) + sum(sum(e.phases.values()) for e in sm.stats.epochs)
     assert spent <= wall + 0.01, (spent, wall)  # phases do not overlap
     assert sm.stats.epochs[0].phases["job"] <= sm.stats.epochs[0].seconds
