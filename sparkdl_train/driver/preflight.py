@@ -83,16 +83,14 @@ def probe(index, _rows):
     cache = sys.modules.get("sparkdl_train.worker.code_cache")
     store = getattr(getattr(cache, "CachingZipImporter", None), "store", None)
     out["code_cache"] = {"folder": store.folder, "hits": cache.hits, "misses": cache.misses} if store is not None else None
-    # the executor's zygote this worker's daemon was forked from (sparkdl_train.jvm's plugin), if any
-    mark = os.environ.get("SPARKDL_TRAIN_ZYGOTE_DAEMON", "").split()
-    out["zygote"] = {"zygote": int(mark[0]), "jvm": int(mark[1]), "imports_s": float(mark[2])} if len(mark) == 3 else None
-    if out["zygote"] is not None:  # what the zygote's parent runs: the executor JVM's backend class
+    # the executor's zygote this worker's daemon is (sparkdl_train.jvm's plugin; where one served, sparkdl_train is there)
+    out["zygote"] = None
+    if os.environ.get("SPARKDL_TRAIN_ZYGOTE_DAEMON"):
         try:
-            with open("/proc/%d/cmdline" % out["zygote"]["jvm"], "rb") as f:
-                args = f.read().split(b"\\0")
-            out["zygote"]["jvm_main"] = next((a.decode() for a in args if a.endswith(b"ExecutorBackend")), None)
-        except OSError:
-            out["zygote"]["jvm_main"] = None
+            from sparkdl_train.worker.zygote import served_by
+            out["zygote"] = served_by()
+        except Exception:
+            pass
     yield json.dumps(out)
 
 

@@ -128,6 +128,12 @@ def _code_cache(report: dict[str, Any]) -> tuple[str, str | None, str | None, in
     return str(report.get("executor_id")), report.get("pyspark"), c.get("folder"), c.get("hits", 0), c.get("misses", 0)
 
 
+def _zygote(report: dict[str, Any]) -> tuple[str, str | None, int | None, int | None, str | None]:
+    """(executor, host, the zygote's pid, its JVM's pid, the JVM's backend class) of one probe report."""
+    z = report.get("zygote") or {}
+    return str(report.get("executor_id")), report.get("host"), z.get("zygote"), z.get("jvm"), z.get("jvm_main")
+
+
 def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
     """Where the training tasks ran: the master, the executor ids Spark recorded for them, the Python
     worker pids beside the driver's, and what the executors' environment check found."""
@@ -162,7 +168,5 @@ def where_it_ran(spark: Any, stats: Any) -> dict[str, Any]:
         "executor_code_cache": sorted((_code_cache(r) for r in env), key=repr),
         # per Python worker: the zygote its daemon is (sparkdl_train.jvm's plugin), that zygote's parent (the executor's
         # JVM) and the JVM's backend class; None where the daemon started as usual
-        "executor_zygotes": sorted(((str(r.get("executor_id")), r.get("host"), (r.get("zygote") or {}).get("zygote"),
-                                     (r.get("zygote") or {}).get("jvm"), (r.get("zygote") or {}).get("jvm_main")) for r in env),
-                                   key=repr),
+        "executor_zygotes": sorted((_zygote(r) for r in env), key=repr),
     }

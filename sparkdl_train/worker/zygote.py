@@ -311,12 +311,23 @@ def parent_of(pid: int) -> int | None:
 
 
 def served_by() -> dict[str, Any] | None:
-    """In a Python worker: the zygote its daemon was forked from (``zygote``, ``jvm`` pids, the zygote's
-    ``imports_s``), None when its daemon started as usual."""
+    """In a Python worker: the zygote its daemon is (``zygote`` and ``jvm`` pids, the zygote's ``imports_s``,
+    the JVM's backend class ``jvm_main``), None when its daemon started as usual."""
     mark = os.environ.get(ENV_MARK, "").split()
     if len(mark) != 3:
         return None
-    return {"zygote": int(mark[0]), "jvm": int(mark[1]), "imports_s": float(mark[2])}
+    jvm = int(mark[1])
+    return {"zygote": int(mark[0]), "jvm": jvm, "imports_s": float(mark[2]), "jvm_main": _backend_class(jvm)}
+
+
+def _backend_class(pid: int) -> str | None:
+    """The executor backend class JVM ``pid`` runs (``...CoarseGrainedExecutorBackend``), from /proc."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return None
+    return next((a.decode() for a in args if a.endswith(b"ExecutorBackend")), None)
 
 
 def _serve_one(conn: socket.socket, owner: int, state: dict[str, Any]) -> tuple[dict[str, Any], list[int]] | None:
