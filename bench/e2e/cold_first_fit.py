@@ -22,7 +22,9 @@ Each sparkdl_train run also prints the fit's own account of its fixed cost (``sm
 the driver's phases before the first epoch, the first epoch's phases, the slowest task's start-up, and how
 many of the executors' daemons started with their executor). sparkdl_train runs with the executor plugin
 (``sparkdl_train.jvm``: its executors import as they start); ``--without-executor-start`` adds its runs
-without it, in the same run, and each run's session start is recorded beside its fit.
+without it, in the same run, and each run's session start is recorded beside its fit. Steady epochs
+(``--skip-steady`` leaves them out): per library and mode one more process fits 1, 1 and 3 epochs in turn, and
+a steady epoch is the third fit's time less the second's, halved (the same rule for every library).
 
     python -m bench.e2e.cold_first_fit --setup-elephas          # once: .bench/elephas-venv (pip, ~5 min)
     python -m bench.e2e.cold_first_fit [--models deepfm mlp cnn] [--modes ...] [--backends tensorflow jax]
@@ -54,7 +56,11 @@ MODES = {  # name: (mode, frequency), the names both libraries have
 ELEPHAS_VENV = os.path.join(".bench", "elephas-venv")
 ELEPHAS_PINS = ["elephas==7.3.0", "tensorflow>=2.16,<2.20", "numpy<2", "pyspark>=3.5,<=4.0.1", "scikit-learn"]
 NO_START = "sparkdl_train, no executor start"  # the same without the executor plugin (sparkdl_train.jvm): the time before it
-GOALS = {"cold time to target, Elephas' over sparkdl_train's": ">= 1.5x", "cold time to target, JAX's over TensorFlow's": "<= 1.0x"}
+GOALS = {"cold time to target, Elephas' over sparkdl_train's": ">= 1.5x", "cold time to target, JAX's over TensorFlow's": "<= 1.0x",
+         "steady epoch, Elephas' over sparkdl_train's": ">= 3x"}
+# --steady: one process per library and mode fits these epochs one after another; a steady epoch is the third fit's
+# time less the second's, over the epochs between them (the first fit takes the cold start and the traces)
+STEADY_FITS = (1, 1, 3)
 
 
 # -- data and models (plain Keras and numpy: the Elephas venv builds them too) -----------------------------
@@ -133,33 +139,42 @@ def child(cfg: dict) -> dict:
     sc = spark.sparkContext
     session_s = time.perf_counter() - t_session
     rdd = sc.parallelize(list(zip(x, y)), WORKERS)  # lazy: its first Python task runs in the fit
-    mode, freq = MODES[cfg["mode"]]
     out: dict = {"session_s": session_s}
     try:
-        t = time.perf_counter()
-        if lib == "elephas":
-            from elephas.spark_model import AsynchronousSparkModel, SparkModel
-
-            if mode == "synchronous":
-                sm = SparkModel(model, num_workers=WORKERS, custom_objects=custom, batch_size=BATCH)
-            else:
-                sm = AsynchronousSparkModel(model, num_workers=WORKERS, custom_objects=custom, batch_size=BATCH, mode=mode,
-                                            frequency=freq, port=cfg["port"])
-            sm.fit(rdd, epochs=cfg["epochs"], batch_size=BATCH, verbose=0, validation_split=0.0)
-            trained = sm.master_network
-        else:
-            from sparkdl_train import SparkModel
-
-            sm = SparkModel(model, mode=mode, frequency=freq, num_workers=WORKERS, seed=ttt.SEED, worker_threads=1)
-            sm.fit(rdd, epochs=cfg["epochs"], batch_size=BATCH, verbose=0)
-            trained = model
+        if cfg.get("steady"):
+            out["fits_s"] = [_fit(cfg, lib, model, custom, rdd, epochs, i)[0] for i, epochs in enumerate(STEADY_FITS)]
+            out["steady_epoch_s"] = (out["fits_s"][2] - out["fits_s"][1]) / (STEADY_FITS[2] - STEADY_FITS[1])
+            return out
+        seconds, sm, trained = _fit(cfg, lib, model, custom, rdd, cfg["epochs"], 0)
+        if lib != "elephas":
             out["fixed_costs"] = {**sm.stats.fixed_costs(), "prepare_tasks": sm.stats.prepare}
             out["epoch_s"] = [round(e.seconds, 3) for e in sm.stats.epochs]
-        out["seconds"] = time.perf_counter() - t
+        out["seconds"] = seconds
         out["score"] = score(trained, metric, xt, yt)
     finally:
         spark.stop()
     return out
+
+
+def _fit(cfg: dict, lib: str, model, custom: dict, rdd, epochs: int, i: int):
+    """One fit of ``epochs`` (the ``i``-th of its process): its seconds, the library's model and the trained Keras model."""
+    mode, freq = MODES[cfg["mode"]]
+    t = time.perf_counter()
+    if lib == "elephas":
+        from elephas.spark_model import AsynchronousSparkModel, SparkModel
+
+        if mode == "synchronous":
+            sm = SparkModel(model, num_workers=WORKERS, custom_objects=custom, batch_size=BATCH)
+        else:  # a server of its own per fit: a port of its own
+            sm = AsynchronousSparkModel(model, num_workers=WORKERS, custom_objects=custom, batch_size=BATCH, mode=mode,
+                                        frequency=freq, port=cfg["port"] + 1000 * i)
+        sm.fit(rdd, epochs=epochs, batch_size=BATCH, verbose=0, validation_split=0.0)
+        return time.perf_counter() - t, sm, sm.master_network
+    from sparkdl_train import SparkModel
+
+    sm = SparkModel(model, mode=mode, frequency=freq, num_workers=WORKERS, seed=ttt.SEED, worker_threads=1)
+    sm.fit(rdd, epochs=epochs, batch_size=BATCH, verbose=0)
+    return time.perf_counter() - t, sm, model
 
 
 def launch(cfg: dict, python: str, backend: str = "tensorflow") -> dict:
@@ -216,6 +231,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--keras-epochs", type=int, default=4)
     p.add_argument("--extra-epochs", type=int, default=2, help="epochs a distributed fit may take beyond Keras' own")
     p.add_argument("--work", default=os.path.join("/tmp", "sparkdl_train_bench"))
+    p.add_argument("--skip-steady", action="store_true",
+                   help=f"leave out the steady epochs (per library and mode a process of its own fitting {STEADY_FITS} epochs in turn)")
     p.add_argument("--without-executor-start", action="store_true",
                    help="also run sparkdl_train on TensorFlow without the executor plugin (sparkdl_train.jvm), in the same run")
     args = p.parse_args(argv)
@@ -276,6 +293,10 @@ def main(argv: list[str]) -> None:
                        "reached": "error" not in last and last["score"] >= target}
                 if empty is not None:
                     row["empty_cache"] = {"epochs": k_epochs, **empty}
+                if not args.skip_steady and lib != NO_START:
+                    port += 3
+                    row["steady"] = launch({**base, "lib": lib, "mode": mode, "epochs": 0, "port": port, "jax_cache": cache,
+                                            "steady": True}, python, backend)
                 runs.append(row)
                 what = (f"error: {last['error'][-200:]}" if "error" in last else
                         f"{last['score']:.4f} after {last['epochs']} epoch(s) in {last['seconds']:.1f} s"
@@ -284,6 +305,11 @@ def main(argv: list[str]) -> None:
                 print(f"  {mode:<20} {lib:<14} {backend:<11} {what}{session}", flush=True)
                 if "fixed_costs" in last:
                     print(f"  {'':<47}{_phases(last['fixed_costs'])}", flush=True)
+                if "steady_epoch_s" in row.get("steady", {}):
+                    print(f"  {'':<47}steady epoch {row['steady']['steady_epoch_s']:.2f} s (fits of {STEADY_FITS} epochs in one "
+                          f"process: {', '.join(f'{v:.1f}' for v in row['steady']['fits_s'])} s)", flush=True)
+                elif "steady" in row:
+                    print(f"  {'':<47}steady epochs: error: {row['steady'].get('error', '')[-200:]}", flush=True)
                 if empty is not None and "seconds" in empty:
                     print(f"  {'':<47}with an empty compilation cache ({k_epochs} epoch(s)): {empty['seconds']:.1f} s; "
                           f"{_phases(empty['fixed_costs'])}", flush=True)
@@ -294,7 +320,8 @@ def main(argv: list[str]) -> None:
         before = f"  TF without the plugin {_s(s['tensorflow_no_start_s'])}" if s.get("tensorflow_no_start_s") else ""
         print(f"  {s['model']:<7} {s['mode']:<20} Elephas {_s(s['elephas_s'])}  TF {_s(s['tensorflow_s'])} ({x(s['vs_elephas_tf'])})"
               f"  JAX {_s(s['jax_s'])} ({x(s['vs_elephas_jax'])}, JAX/TF {x(s['jax_over_tf'])}){before}"
-              f"  session + fit: Elephas/TF {x(s['vs_elephas_tf_with_session'])}")
+              f"  session + fit: Elephas/TF {x(s['vs_elephas_tf_with_session'])}"
+              f"  steady epoch: Elephas/TF {x(s['steady_vs_elephas_tf'])}, Elephas/JAX {x(s['steady_vs_elephas_jax'])}")
     print("wrote", results_file.write("cold_first_fit", {"elephas": "7.3", "rows": args.rows, "batch_size": BATCH, "workers": WORKERS,
                                                           "goals": GOALS, "summary": summary, "runs": runs}))
 
@@ -320,6 +347,12 @@ def _summarize(runs: list[dict]) -> list[dict]:
     def with_session(r: dict) -> float | None:  # the process's session start too: what the executor plugin overlaps
         return last_try(r)["seconds"] + last_try(r)["session_s"] if r.get("reached") else None
 
+    def steady(r: dict) -> float | None:
+        return r.get("steady", {}).get("steady_epoch_s")
+
+    def over(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
     out = []
     for model, mode in dict.fromkeys((r["model"], r["mode"]) for r in runs if r["lib"] != "keras"):
         jr = run(model, mode, "sparkdl_train", "jax")
@@ -332,7 +365,12 @@ def _summarize(runs: list[dict]) -> list[dict]:
                     "jax_over_tf": jx / tf if jx and tf else None, "jax_empty_cache_s": empty,
                     "tensorflow_no_start_s": t(run(model, mode, NO_START, "tensorflow")),
                     "elephas_with_session_s": et, "tensorflow_with_session_s": tt,
-                    "vs_elephas_tf_with_session": et / tt if et and tt else None})
+                    "vs_elephas_tf_with_session": et / tt if et and tt else None,
+                    "elephas_steady_s": steady(run(model, mode, "elephas", "tensorflow")),
+                    "tensorflow_steady_s": steady(run(model, mode, "sparkdl_train", "tensorflow")), "jax_steady_s": steady(jr)})
+        s = out[-1]
+        s["steady_vs_elephas_tf"] = over(s["elephas_steady_s"], s["tensorflow_steady_s"])
+        s["steady_vs_elephas_jax"] = over(s["elephas_steady_s"], s["jax_steady_s"])
     return out
 
 

@@ -107,6 +107,7 @@ def time_to_target() -> str:
 def cold_first_fit() -> str:
     r = results.load("cold_first_fit")
     secs = lambda v: "-" if v is None else f"{v:.1f} s"  # noqa: E731
+    secs2 = lambda v: "-" if v is None else f"{v:.2f} s"  # noqa: E731
     rows = [[s["model"], s["mode"], f"{s['keras_s']:.1f} s", secs(s["elephas_s"]), secs(s["tensorflow_s"]), x(s["vs_elephas_tf"]),
              x(s.get("vs_elephas_tf_with_session")), secs(s.get("tensorflow_no_start_s")),
              secs(s["jax_s"]), x(s["vs_elephas_jax"]), x(s["jax_over_tf"]), secs(s.get("jax_empty_cache_s"))] for s in r["summary"]]
@@ -118,27 +119,36 @@ def cold_first_fit() -> str:
     out = block(caption, ["model", "mode", "Keras", "Elephas", "sparkdl_train TF", "Elephas/TF", "Elephas/TF, session + fit",
                           "TF without the executor plugin", "sparkdl_train JAX", "Elephas/JAX", "JAX/TF", "JAX, empty cache (Keras' epochs)"],
                 rows, "cold_first_fit")
-    # where the time of DeepFM's cold TensorFlow fits went, with and without the executor plugin: each mode's last try
-    def last(lib: str) -> dict:
+    steady = [s for s in r["summary"] if s.get("elephas_steady_s")]
+    if steady:  # per library and mode, a process's third fit less its second (bench.e2e.cold_first_fit.STEADY_FITS)
+        rows = [[s["model"], s["mode"], secs2(s["elephas_steady_s"]), secs2(s.get("tensorflow_steady_s")), x(s.get("steady_vs_elephas_tf")),
+                 secs2(s.get("jax_steady_s")), x(s.get("steady_vs_elephas_jax"))] for s in steady]
+        out += "\n\n" + table(["a steady epoch (same run: a process's fit of 3 epochs less its fit of 1, halved, after a first fit)",
+                                "mode", "Elephas", "sparkdl_train TF", "Elephas/TF", "sparkdl_train JAX", "Elephas/JAX"], rows)
+
+    # where the time of DeepFM's cold fits went, on TensorFlow with and without the executor plugin and on JAX: each mode's last try
+    def last(lib: str, backend: str = "tensorflow") -> dict:
         return {run["mode"]: {**run["tries"][-1]["fixed_costs"], "seconds": run["tries"][-1]["seconds"],
                               "session_s": run["tries"][-1].get("session_s", 0.0)}
-                for run in r["runs"] if (run["model"], run["lib"], run["backend"]) == ("deepfm", lib, "tensorflow")
+                for run in r["runs"] if (run["model"], run["lib"], run["backend"]) == ("deepfm", lib, backend)
                 and "fixed_costs" in run["tries"][-1]}
 
-    now, before = last("sparkdl_train"), last("sparkdl_train, no executor start")
+    now, before, jax = last("sparkdl_train"), last("sparkdl_train, no executor start"), last("sparkdl_train", "jax")
     if not now:
         return out
 
     def phases(b: dict) -> str:
         d = b["driver"]
         wait = d.get("preflight", 0.0) + d.get("sample", 0.0)  # the executors' import, behind whichever job met it first
-        prepare, job = d.get("prepare", 0.0), b["first_epoch"].get("job", 0.0)
-        return (f"{b['seconds']:.1f} s: import (preflight + sample) {wait:.1f}, prepare {prepare:.1f}, "
-                f"first epoch's job {job:.1f}, the rest {b['seconds'] - wait - prepare - job:.1f}; session {b['session_s']:.1f}")
+        prepare, job, check = d.get("prepare", 0.0), b["first_epoch"].get("job", 0.0), d.get("sample_check", 0.0)
+        return (f"{b['seconds']:.1f} s: import (preflight + sample) {wait:.1f}, the driver's sample check {check:.1f}, "
+                f"prepare {prepare:.1f}, first epoch's job {job:.1f}, the rest {b['seconds'] - wait - check - prepare - job:.1f}; "
+                f"session {b['session_s']:.1f}")
 
-    rows = [[mode, phases(before[mode]) if mode in before else "-", phases(b)] for mode, b in now.items()]
-    return out + "\n\n" + table(["DeepFM on TensorFlow, a cold fit's seconds (same run)", "without the executor plugin",
-                                  "with it (the documented set-up)"], rows)
+    rows = [[mode, phases(before[mode]) if mode in before else "-", phases(b), phases(jax[mode]) if mode in jax else "-"]
+            for mode, b in now.items()]
+    return out + "\n\n" + table(["DeepFM, a cold fit's seconds (same run)", "TensorFlow without the executor plugin",
+                                  "TensorFlow with it (the documented set-up)", "JAX with it"], rows)
 
 
 @figure("daemon_start")

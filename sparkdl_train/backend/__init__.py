@@ -20,8 +20,10 @@ A backend module provides:
     The model's own ``train_step`` / ``test_step`` / ``predict_step`` compiled once per model,
     called statefully on numpy batches (``grouped``: on a stack of batches in one call, as
     Keras' ``steps_per_execution``); see :mod:`sparkdl_train.worker.steps`.
-``eager_test_step(model, batch)``
-    One test step, nothing compiled (the driver's check of a data sample).
+``check_test_step(model, batch)``
+    One test step on the driver, its check of a data sample, leaving the model's ``test_function`` as it was
+    (TensorFlow: eagerly, nothing traced; JAX: as one compiled program, whose ops one by one would each be an
+    XLA compile of their own).
 ``FusedStep(model, batch_size, bucket_bytes=0, sparse=())``
     The train step split around the allreduce (:mod:`sparkdl_train.worker.fused_step`); buckets handed
     over during the backward pass where the backend can (TensorFlow; JAX refuses ``bucket_bytes``);
@@ -68,8 +70,6 @@ class Capabilities:
     """The module a worker imports to run it (the executors' preflight checks it is there)."""
     compiles_per_shape: bool
     """Compiled steps are per input shape: a pass runs a short last group batch by batch instead of compiling its size."""
-    preload_before_fork: bool
-    """The worker daemon may import the framework before forking workers (JAX starts threads: not fork-safe)."""
     gradient_buckets: bool
     """The fused step hands gradient buckets to the ring while the backward pass runs (``allreduce.bucketBytes``)."""
     xla_collectives: bool
@@ -87,10 +87,10 @@ class Capabilities:
 
 
 CAPABILITIES = {
-    "tensorflow": Capabilities(framework="tensorflow", compiles_per_shape=False, preload_before_fork=True,
-                               gradient_buckets=True, xla_collectives=False, speculative_imports=("sklearn", "jax", "matplotlib")),
+    "tensorflow": Capabilities(framework="tensorflow", compiles_per_shape=False, gradient_buckets=True, xla_collectives=False,
+                               speculative_imports=("sklearn", "jax", "matplotlib")),
     "jax": Capabilities(
-        framework="jax", compiles_per_shape=True, preload_before_fork=False, gradient_buckets=False, xla_collectives=True,
+        framework="jax", compiles_per_shape=True, gradient_buckets=False, xla_collectives=True,
         compilation_cache=True, speculative_imports=("sklearn", "matplotlib"),
         buckets_refused=("allreduce.bucketBytes (gradient buckets reduced while the backward pass runs) needs a backend "
                          "whose step hands gradients over during the backward pass (TensorFlow): on JAX the jitted step is one "
@@ -136,7 +136,7 @@ class Backend(Protocol):
     def compiled_step(self, model: Any, kind: str, batch: Any, stats: dict | None = None, grouped: bool = False) -> Any: ...
     def traces(self, model: Any, kind: str, grouped: bool = False) -> int: ...
     def instantiate(self, model: Any, kind: str, batch: Any, sizes: tuple[int, ...] = (1,)) -> bool: ...
-    def eager_test_step(self, model: Any, batch: Any) -> None: ...
+    def check_test_step(self, model: Any, batch: Any) -> None: ...
     def variable_io(self, model: Any, dense: list[int], tables: list[int]) -> Any: ...
     def scatter_rows(self, variable: Any, ids: Any, rows: Any) -> None: ...
     def read_values(self, variables: list[Any]) -> list[Any]: ...

@@ -151,8 +151,8 @@ def instantiate(model: Any, kind: str, batch: Batch, sizes: tuple[int, ...] = (1
     return bool(stats.get("traced"))
 
 
-def eager_test_step(model: Any, batch: Batch) -> None:
-    """One ``test_step`` of ``batch``, run eagerly (nothing traced)."""
+def check_test_step(model: Any, batch: Batch) -> None:
+    """One ``test_step`` of ``batch``, run eagerly (nothing traced: eager TensorFlow is the cheaper of the two here)."""
     model.test_step(batch)
 
 

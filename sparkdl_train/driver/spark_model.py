@@ -701,7 +701,7 @@ class SparkModel:
             raise DataError(f"label_col names outputs {sorted(y)}, but model {self._model.name!r}'s outputs are {outputs}")
         try:
             with phases("sample_check"):
-                _test_step_eagerly(self._model, (x, y, w))
+                _check_test_step(self._model, (x, y, w))
         except Exception as exc:  # noqa: BLE001
             shapes = {
                 "x": [getattr(a, "shape", None) for a in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else [x])],
@@ -762,15 +762,16 @@ def _shipping_key(model: Any, custom_objects: dict[str, Any], safe_mode: bool) -
         return None
 
 
-def _test_step_eagerly(model: Any, batch: Batch) -> None:
-    """One test step of ``model`` on ``batch``, run eagerly: the data meets the model's inputs,
-    loss and compiled metrics (which their first update builds, as the merge of the workers'
-    metric state needs them) without tracing a test function (``test_on_batch`` traces one, and a
-    symbolic build another pass over the model: 0.1-0.3 s of driver CPU that competes with the
-    executors' prepare tasks on a small machine). The model's own ``test_function`` is left as it
-    was; the metrics are reset before and hold this batch after, as ``test_on_batch`` leaves them."""
+def _check_test_step(model: Any, batch: Batch) -> None:
+    """One test step of ``model`` on ``batch``: the data meets the model's inputs, loss and compiled
+    metrics (which their first update builds, as the merge of the workers' metric state needs them)
+    without making the model's test function (``test_on_batch`` makes one, and on TensorFlow a symbolic
+    build another pass over the model: 0.1-0.3 s of driver CPU that competes with the executors'
+    prepare tasks on a small machine; TensorFlow runs it eagerly, JAX jitted: ``Backend.check_test_step``).
+    The model's own ``test_function`` is left as it was; the metrics are reset before and hold this
+    batch after, as ``test_on_batch`` leaves them."""
     model.reset_metrics()
-    backend.current().eager_test_step(model, batch)
+    backend.current().check_test_step(model, batch)
 
 
 def _memory_kills(sc: Any, gone_before: set[str]) -> None:

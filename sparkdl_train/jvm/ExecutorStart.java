@@ -35,7 +35,7 @@ public final class ExecutorStart implements SparkPlugin {
         return new Executor();
     }
 
-    /** What the driver's Python gives its tasks and the executors cannot know: its interpreter and hash seed. */
+    /** What the driver's Python gives its tasks and the executors cannot know: its interpreter, hash seed and Keras backend. */
     static final class Driver implements DriverPlugin {
         @Override
         public Map<String, String> init(SparkContext sc, PluginContext ctx) {
@@ -46,6 +46,12 @@ public final class ExecutorStart implements SparkPlugin {
             String python = sc.getConf().get("spark.pyspark.python", null);
             out.put("python", orElse(python, orElse(System.getenv("PYSPARK_PYTHON"), "python3")));
             out.put("PYTHONHASHSEED", orElse(System.getenv("PYTHONHASHSEED"), "0"));
+            // the Keras backend a fit gives its stages is the driver's (sparkdl_train.driver.backend_env): where the
+            // driver's environment names one, the executors' imports are that backend's
+            String keras = System.getenv("KERAS_BACKEND");
+            if (keras != null && !keras.isEmpty()) {
+                out.put("KERAS_BACKEND", keras);
+            }
             return out;
         }
     }
@@ -80,6 +86,9 @@ public final class ExecutorStart implements SparkPlugin {
                 }
             }
             env.put("PYTHONHASHSEED", orElse(extraConf.get("PYTHONHASHSEED"), "0"));
+            if (!conf.contains("spark.executorEnv.KERAS_BACKEND") && extraConf.containsKey("KERAS_BACKEND")) {
+                env.put("KERAS_BACKEND", extraConf.get("KERAS_BACKEND"));
+            }
             if (!conf.contains("spark.executorEnv.OMP_NUM_THREADS")) {
                 // Spark's Python runners give their workers OpenMP threads for a task's cores
                 env.put("OMP_NUM_THREADS", conf.get("spark.task.cpus", "1"));

@@ -32,15 +32,17 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
     # the Keras backend this daemon's workers run (spark.executorEnv.KERAS_BACKEND, or the
     # KERAS_BACKEND sparkdl_train gives its own stages)
     if modules is PRELOAD:
-        from ..backend import CAPABILITIES, DEFAULT  # declared without importing any framework
+        from ..backend import CAPABILITIES  # declared without importing any framework
 
-        can = CAPABILITIES.get(os.environ["KERAS_BACKEND"], CAPABILITIES[DEFAULT])
-        if not can.preload_before_fork:
-            # JAX is not fork-safe once imported (it starts threads): a worker forked from a daemon
-            # that imported it (or Keras on it) computed NaN in one allreduce rank. JAX workers
-            # import it themselves; the daemon preloads only the Arrow and Spark side
+        can = CAPABILITIES.get(os.environ["KERAS_BACKEND"])
+        if can is None:
+            # a backend sparkdl_train does not train on: its tasks fail their own check, naming it; the daemon imports
+            # only the Arrow and Spark side for them
             modules = tuple(m for m in modules if m.split(".")[0] in ("pyarrow", "pandas", "pyspark"))
         else:
+            # importing the framework and Keras starts no device runtime and no thread of theirs: TensorFlow's runtime
+            # starts at a worker's first op, JAX's XLA client at its first computation, both after the fork, in each
+            # worker (tests/unit/test_preload.py forks JAX workers from a daemon that preloaded it)
             modules = (can.framework, *modules)
     failed = []
     sys.stdout.flush()
@@ -63,11 +65,15 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
     return failed
 
 
+# what the daemon's workers inherit where the executor's environment says nothing: the Keras backend (TensorFlow)
+# and TensorFlow's C++ log level
+ENV_DEFAULTS = {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
 def environment_defaults() -> None:
-    """What the daemon's workers inherit where the executor's environment says nothing: the Keras backend
-    (TensorFlow) and TensorFlow's C++ log level."""
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    """Set :data:`ENV_DEFAULTS` where the environment has none."""
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
 
 
 def freeze_imports() -> None:

@@ -46,10 +46,10 @@ ENV_MARK = "SPARKDL_TRAIN_ZYGOTE_DAEMON"  # in a served daemon's (and its worker
 PROTOCOL = 1
 # variables read at import by what the zygote imports (pyspark's module constants, TensorFlow's and the
 # BLAS libraries' loaders, the code store's folder, the hash seed fixed at the interpreter's start); compared
-# between the zygote and a daemon. JAX is never imported before a fork (its variables are read in the workers)
+# between the zygote and a daemon (JAX reads its JAX_ variables as it is imported; XLA_FLAGS at a worker's first computation)
 COMPARED = ("PYTHONHASHSEED", "PYSPARK_ENABLE_NAMEDTUPLE_PATCH", "SPARK_TESTING", "LD_LIBRARY_PATH", "LD_PRELOAD",
             "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS", "SPARKDL_TRAIN_CODE_CACHE")
-COMPARED_PREFIXES = ("KERAS_", "TF_", "CUDA_", "NVIDIA_", "OMP_", "MKL_")
+COMPARED_PREFIXES = ("KERAS_", "TF_", "JAX_", "XLA_", "CUDA_", "NVIDIA_", "OMP_", "MKL_")
 NOT_COMPARED = (ENV_OWNER, ENV_SWITCH, ENV_MARK)
 READY_TIMEOUT = 300.0  # a daemon waits at most this long for a zygote still importing
 BIND_TIMEOUT = 30.0  # ... and this long for one whose interpreter has not bound its socket yet
@@ -65,6 +65,9 @@ def socket_name(uid: int, owner: int) -> bytes:
 def import_state(environ: dict[str, str], executable: str, prefix: str, version: str, modules: dict[str, str | None]) -> dict[str, Any]:
     """What a process's imports depend on (pure): its interpreter, the files ``modules`` resolve to and the
     environment's import-time variables."""
+    from .preload import ENV_DEFAULTS  # unset, these variables are what both processes' preload sets: compared as set
+
+    environ = {**ENV_DEFAULTS, **environ}
     env = {k: v for k, v in environ.items() if k not in NOT_COMPARED and (k in COMPARED or k.startswith(COMPARED_PREFIXES))}
     # pyspark sets the hash seed for its workers ("0" when the driver has none): unset counts as Python's default
     return {"executable": executable, "prefix": prefix, "version": version, "modules": dict(sorted(modules.items())),
@@ -88,7 +91,7 @@ def mismatch(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
     return None
 
 
-def module_origins(names: tuple[str, ...] = ("pyspark", "sparkdl_train", "keras", "tensorflow", "numpy", "pyarrow")) -> dict[str, str | None]:
+def module_origins(names: tuple[str, ...] = ("pyspark", "sparkdl_train", "keras", "tensorflow", "jax", "jaxlib", "numpy", "pyarrow")) -> dict[str, str | None]:
     """Where ``names`` are (or would be) imported from in this process, without importing them."""
     import importlib.util
 

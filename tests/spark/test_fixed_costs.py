@@ -131,7 +131,7 @@ def test_a_dataframe_adapter_knows_its_partitions_without_planning_the_query(spa
     assert narrower.num_partitions() == 2
 
 
-def test_the_drivers_data_check_runs_the_test_step_eagerly_and_the_fit_still_merges_keras_metrics(sc, digits):
+def test_the_drivers_data_check_makes_no_test_function_and_the_fit_still_merges_keras_metrics(sc, digits):
     """The driver runs a sample batch through the model before any job, without tracing a test
     function (the executors trace theirs); its compiled metrics are built for the merge."""
     from helpers import make_mlp

@@ -2,8 +2,8 @@
 
 This test process plays the executor JVM: it starts the zygote (owner: its own pid) and daemons
 (``python -m sparkdl_train.worker.daemon``) as its children with pipes for their standard streams, as
-Spark's PythonWorkerFactory does. Keras on JAX keeps the zygote's preload to pyarrow, pandas and pyspark
-(JAX is never imported before a fork), so a zygote is ready in seconds.
+Spark's PythonWorkerFactory does. Their Keras backend is one sparkdl_train does not train on (numpy): the
+preload is then pyarrow, pandas and pyspark's, no framework, so a zygote is ready in seconds.
 """
 
 import os
@@ -31,6 +31,9 @@ def test_import_state_keeps_what_imports_read_and_names_a_difference():
                SPARKDL_TRAIN_JAX_CACHE="auto")
     assert s["env"] == {"KERAS_BACKEND": "tensorflow", "PYTHONHASHSEED": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
     assert zygote.mismatch(s, _state(KERAS_BACKEND="tensorflow", SPARK_LOCAL_DIRS="/tmp/b", TF_CPP_MIN_LOG_LEVEL="2")) is None
+    assert zygote.mismatch(s, _state()) is None  # unset, they are what the preload sets: the same imports
+    assert zygote.mismatch(_state(KERAS_BACKEND="jax"), _state(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")) == \
+        "environment variable JAX_PLATFORMS: None here, 'cpu' in the daemon"  # JAX reads its variables as it is imported
     assert zygote.mismatch(s, _state(KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2")) == \
         "environment variable KERAS_BACKEND: 'tensorflow' here, 'jax' in the daemon"
     other = dict(s, modules={**s["modules"], "pyspark": "/other/pyspark"})
@@ -45,7 +48,7 @@ def test_socket_name_is_the_users_and_the_jvms():
 @pytest.fixture
 def env():
     e = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKDL_TRAIN_ZYGOTE", "KERAS_", "TF_", "XLA_", "JAX_"))}
-    return {**e, "KERAS_BACKEND": "jax", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
+    return {**e, "KERAS_BACKEND": "numpy", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
 
 
 def _start_zygote(env):
