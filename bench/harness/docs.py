@@ -367,7 +367,7 @@ def gpu_check() -> str:
 def headline() -> str:
     _, rows = _e2e_rows()
     by = {row[0]: row for row in rows}
-    loaded = {name: results.load(name) for name in ("e2e_ctr", "flagship_job", "gpu_check_repeats", "scaling")}
+    loaded = {name: results.load(name) for name in ("e2e_ctr", "flagship_job", "cold_first_fit", "gpu_check_repeats", "scaling")}
     job, bayes = loaded["flagship_job"]["runs"][0], loaded["flagship_job"]["bayes_auc"]
     gpu = loaded["gpu_check_repeats"]
     proj = loaded["scaling"]["projections"]
@@ -377,12 +377,24 @@ def headline() -> str:
          f"{job['test_auc']:.4f} / {bayes:.4f}", "flagship_job"],
         ["2 workers on 2 cores against single-process `model.fit` (samples/s)",
          ", ".join(f"{k} {by[k][3]}" for k in ("sync-avg", "async-ps", "hogwild-ps", "allreduce") if k in by), "e2e_ctr"],
+        ["a fresh process's first fit against Elephas 7.3, time to 99% of Keras' best (3 models, "
+         f"{len({c['mode'] for c in loaded['cold_first_fit']['summary']})} modes; -: a target not reached)",
+         _span([c["vs_elephas_tf"] for c in loaded["cold_first_fit"]["summary"]]) + " on TensorFlow, "
+         + _span([c["vs_elephas_jax"] for c in loaded["cold_first_fit"]["summary"]]) + " on JAX", "cold_first_fit"],
         ["the executor's pass against `model.fit` on one H200, batch 512 / 4096 (median of 5)",
          " / ".join(x(gpu["pass"][b]["repeated"]["median_ratio"]) for b in ("512", "4096")), "gpu_check_repeats"],
         ["projected efficiency at 64 workers, CTR model, 25 Gb/s, CPU steps (best engine)", f"{best64[0]:.2f} ({best64[1]})", "scaling"],
     ]
     return table(["measured", "figure", "result file"],
                  [[a, b, f"[{c}](bench/results/{c}.json), {loaded[c]['date']}"] for a, b, c in lines])
+
+
+def _span(ratios: list) -> str:
+    """The lowest and highest of ``ratios`` ("-" among them where one is None: a target not reached)."""
+    got = [r for r in ratios if r is not None]
+    if not got:
+        return "-"
+    return f"{x(min(got))}-{x(max(got))}" + (" (and -)" if len(got) < len(ratios) else "")
 
 
 # -- pages ---------------------------------------------------------------------------------------------

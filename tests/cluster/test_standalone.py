@@ -479,13 +479,8 @@ def jax_hosts_app(standalone_cluster, jax_env_archive, tmp_path_factory):
     if hosts is None:
         pytest.skip(f"no hosts of their own on this machine: {standalone_cluster.unavailable}")
     out = tmp_path_factory.mktemp("jax_hosts")
-    from sparkdl_train import jvm
-
     host = standalone_cluster.driver_host
-    # with the executor plugin: the driver's KERAS_BACKEND (the environment spark-submit starts with) reaches the
-    # executors' zygotes, which import JAX as the executors start
-    conf = [f"spark.driver.host={host}", f"spark.driver.bindAddress={host}", "spark.executor.memory=1g",
-            *(f"{k}={v}" for k, v in jvm.settings().items())]
+    conf = [f"spark.driver.host={host}", f"spark.driver.bindAddress={host}", "spark.executor.memory=1g"]
     proc = subprocess.run([*hosts.exec_prefix(0), "cat", "/proc/sys/net/ipv4/ip_local_port_range"],
                           capture_output=True, text=True, timeout=30, check=True)
     ephemeral = "-".join(proc.stdout.split())
@@ -493,7 +488,7 @@ def jax_hosts_app(standalone_cluster, jax_env_archive, tmp_path_factory):
         firewall = {"probes": _firewall(hosts, conf, int(standalone_cluster.url.rsplit(":", 1)[1]), [ephemeral])}
         cmd, env = submit_command(standalone_cluster.url, ["--hosts", json.dumps(hosts.describe())], out, conf=conf,
                                   archives=jax_env_archive, job=os.path.join(SCRIPTS, "jax_hosts.py"))
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**env, "KERAS_BACKEND": "jax"}, cwd=ROOT)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
         firewall["refused"] = hosts.refused()
     finally:
         hosts.open_all()
@@ -515,12 +510,6 @@ def test_the_jax_ring_and_xla_collectives_train_across_the_hosts(hosts, jax_host
     probe."""
     s = jax_hosts_app
     assert s["backend"] == "jax" and s["executor_env"].get("KERAS_BACKEND") == "jax", s["executor_env"]
-    # each checked worker's daemon is the zygote its executor's JVM started in its host, JAX imported there (the
-    # driver plugin passed the driver's KERAS_BACKEND on; the archive has no TensorFlow to import instead)
-    zygotes = s["xla"]["uneven"]["ring_where"]["executor_zygotes"] + s["xla"]["uneven"]["where"]["executor_zygotes"]
-    assert zygotes and all(z is not None and main == "org.apache.spark.executor.CoarseGrainedExecutorBackend"
-                           for _, _, z, _, main in zygotes), zygotes
-    assert len({jvm for *_, jvm, _ in zygotes}) == 2, zygotes
     fw = s["firewall"]
     assert fw["probes"] == {"inside": "open", "outside": "ConnectionRefusedError"}, fw
     assert fw["refused"] == {hosts.address(0): 1, hosts.address(1): 0}, fw
