@@ -58,7 +58,7 @@ ELEPHAS_PINS = ["elephas==7.3.0", "tensorflow>=2.16,<2.20", "numpy<2", "pyspark>
 NO_START = "sparkdl_train, no executor start"  # the same without the executor plugin (sparkdl_train.jvm): the time before it
 GOALS = {"cold time to target, Elephas' over sparkdl_train's": ">= 1.5x", "cold time to target, JAX's over TensorFlow's": "<= 1.0x",
          "steady epoch, Elephas' over sparkdl_train's": ">= 3x"}
-# --steady: one process per library and mode fits these epochs one after another; a steady epoch is the third fit's
+# steady epochs (unless --skip-steady): one process per library and mode fits these epochs one after another; a steady epoch is the third fit's
 # time less the second's, over the epochs between them (the first fit takes the cold start and the traces)
 STEADY_FITS = (1, 1, 3)
 
