@@ -401,6 +401,12 @@ class DataConfig(_Group):
         "columns are numbers, booleans, strings, binary or arrays of those, the tasks read the files' row groups with "
         "pyarrow in balanced ranges of rows instead of through Spark's reader and Arrow writer "
         "(sparkdl_train.data.parquet; docs/performance.md). predict() always reads through Spark.", argument=False)
+    cache_rdd: bool = setting(
+        "data.cacheRdd", False, Bool(),
+        "true: where a fit of several epochs trains on an RDD of rows, a job before the first epoch groups each partition's "
+        "rows into the chunks the epochs read, encodes them as plain arrays and persists them (MEMORY_AND_DISK, "
+        "unpersisted when the fit ends), and every epoch reads those instead of unpickling the rows again "
+        "(sparkdl_train.data.chunk_cache; docs/performance.md). false: every epoch reads the RDD.", argument=False)
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,11 @@ class DataAdapter(ABC):
         (:mod:`sparkdl_train.driver.prepare`)."""
         return None
 
+    def read_once(self, description: str) -> tuple["DataAdapter", Any]:
+        """This data as a fit of several epochs reads it (``data.cacheRdd``) and what to release when the fit
+        ends (``None``: nothing); only an RDD of rows is read once (:class:`CachedChunksAdapter`)."""
+        return self, None
+
     def unshare(self, ref: Any) -> None:
         """Releases what :meth:`share` shared; best effort: after the application was killed under a fit, the
         release fails on a stopped context (a NullPointerException from Spark's BlockManagerMaster), and that
@@ -276,6 +281,39 @@ class RDDAdapter(DataAdapter):
             blobs = self.rdd.barrier().mapPartitions(run).collect()
         return _merge_all(Partial.from_bytes(b) for b in blobs)
 
+    def read_once(self, description: str) -> tuple["RDDAdapter", Any]:
+        """The RDD's chunks encoded (:mod:`sparkdl_train.data.chunk_cache`), persisted and read in one job now:
+        the adapter the epochs read, and the persisted RDD (unpersisted by :meth:`unshare`)."""
+        from pyspark import StorageLevel
+
+        from . import chunk_cache
+
+        chunk_rows, labelled = self.chunk_rows, self.labelled
+
+        def encoded(rows: Iterator) -> Iterator[bytes]:
+            try:
+                for chunk in rows_to_chunks(rows, chunk_rows, labelled):
+                    yield chunk_cache.encode(chunk)
+            except chunk_cache.ChunkEncodingError as exc:
+                raise DataError(f"{exc}: the RDD cannot be kept for the fit's epochs (set spark.sparkdl_train.data.cacheRdd=false "
+                                "to read it again every epoch)") from None
+
+        chunks = self.rdd.mapPartitions(encoded, preservesPartitioning=True)
+        chunks.setName(f"sparkdl_train: {description}")
+        chunks.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            with _spark_job(self.rdd.context, description):
+                # materialized by the JVM's count (of Python's pickled frames): a Python stage after the persisted one would
+                # take Python workers of its own, and the epochs' tasks, given the longest idle ones first, would then land
+                # in workers with no model rebuilt
+                chunks._jrdd.count()
+        except BaseException:
+            self.unshare(chunks)
+            raise
+        adapter = CachedChunksAdapter(chunks, self.labelled, self.chunk_rows)
+        adapter._partitions = self._partitions
+        return adapter, chunks
+
     def predict(self, make_model, predict, columns):
         chunk_rows = self.chunk_rows
         keys = [c.key for c in columns]
@@ -292,6 +330,50 @@ class RDDAdapter(DataAdapter):
                     yield from zip(*parts)
 
         return self.rdd.mapPartitions(run)
+
+
+class CachedChunksAdapter(RDDAdapter):
+    """An RDD of rows read once (:meth:`RDDAdapter.read_once`): ``rdd`` holds its chunks, encoded
+    (:mod:`sparkdl_train.data.chunk_cache`) and persisted; the tasks get the chunks the rows made."""
+
+    source = "rdd"
+
+    def _like(self, rdd: Any) -> "CachedChunksAdapter":
+        return CachedChunksAdapter(rdd, self.labelled, self.chunk_rows)
+
+    def read_once(self, description: str) -> tuple["CachedChunksAdapter", Any]:
+        return self, None
+
+    def random_split(self, fraction: float, seed: int):
+        raise NotImplementedError("a read-once RDD is split before it is read")
+
+    def sample(self, n: int) -> Batch:
+        raise NotImplementedError("a read-once RDD is sampled before it is read")
+
+    def map_reduce(self, task: PartitionTask, description: str) -> Partial:
+        from .chunk_cache import decode
+
+        def run(index: int, blobs: Iterator[bytes]) -> Iterator[Partial]:
+            yield task(index, (decode(b) for b in blobs))
+
+        with _spark_job(self.rdd.context, description):
+            return _tree_reduce(self.rdd.mapPartitionsWithIndex(run))
+
+    def barrier_map(self, task: BarrierTask, description: str) -> Partial:
+        from .chunk_cache import decode
+
+        def run(blobs: Iterator[bytes]) -> Iterator[bytes]:
+            from pyspark import BarrierTaskContext
+
+            ctx = BarrierTaskContext.get()
+            yield task(ctx.partitionId(), (decode(b) for b in blobs), ctx).to_bytes()
+
+        with _spark_job(self.rdd.context, description):
+            blobs = self.rdd.barrier().mapPartitions(run).collect()
+        return _merge_all(Partial.from_bytes(b) for b in blobs)
+
+    def predict(self, make_model, predict, columns):
+        raise NotImplementedError("predict() reads the RDD it is given")
 
 
 # -- DataFrame -----------------------------------------------------------------------

@@ -34,6 +34,10 @@ class SharedRefs:
         carry this call's payload."""
         return adapter.share(encode_state(model, include_optimizer), beside=[self.payload])
 
+    def own(self, adapter: DataAdapter, ref: Any) -> None:
+        """Release ``ref`` (a persisted RDD, a broadcast) with this call's broadcasts."""
+        self._owned.append((adapter, ref))
+
     def release(self) -> None:
         for adapter, ref in self._owned:
             adapter.unshare(ref)

@@ -361,6 +361,15 @@ class SparkModel:
                 with phases("prepare"):  # what is left of its job once the driver is ready: the epoch's tasks go where it ran
                     prepare.go_ahead(config.core.preflight_timeout, watch=lambda: _memory_kills(sc, gone_before))
                 prepare.confirms(batch)
+            if config.data.cache_rdd and fit_cfg.epochs - fit_cfg.initial_epoch > 1:
+                with phases("read_once"):  # an RDD of rows: read into chunks once, the epochs read those
+                    train, kept = train.read_once(f"sparkdl_train fit: reading the RDD once for {fit_cfg.epochs} epochs")
+                    if kept is not None:
+                        refs.own(train, kept)
+                    if val is not None:  # evaluated after every epoch
+                        val, kept = val.read_once(f"sparkdl_train fit: reading the validation RDD once for {fit_cfg.epochs} epochs")
+                        if kept is not None:
+                            refs.own(val, kept)
             self.stats = FitStats(num_workers=launch.workers, worker_threads=threads, mode=config.mode, frequency=config.frequency,
                                   master=sc.master if sc is not None else None, environment=environment)
             self.stats.phases = phases.seconds

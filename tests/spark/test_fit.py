@@ -314,3 +314,38 @@ def test_callbacks_get_aggregated_epoch_logs_and_can_stop_training(digits):
     assert len(hist.history["loss"]) == 2
     assert cb.seen == [(0, ["accuracy", "loss", "val_accuracy", "val_loss"]), (1, ["accuracy", "loss", "val_accuracy", "val_loss"])]
     assert cb.model is model
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "allreduce"])
+def test_an_rdd_is_read_once_for_all_epochs_and_trains_bit_for_bit_as_read_every_epoch(sc, digits, mode):
+    """data.cacheRdd: a fit of 3 epochs on an RDD of rows reads each row once (a job before the first epoch
+    keeps the chunks the rows make, encoded and persisted) and ends with the weights of a fit that reads the
+    rows every epoch, bit for bit; the persisted chunks are gone when the fit ends."""
+    x, y, _, _ = digits
+    keras.utils.set_random_seed(0)
+    base = make_mlp()
+    persisted = sc._jsc.getPersistentRDDs().size()
+    got = {}
+    for cache in (True, False):
+        reads = sc.accumulator(0)
+
+        def counted(row, reads=reads):
+            reads.add(1)
+            return row
+
+        rdd = to_simple_rdd(sc, x[:600], y[:600], 2).map(counted)
+        model = keras.models.clone_model(base)
+        model.set_weights(base.get_weights())
+        model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+        sm = SparkModel(model, mode=mode, num_workers=2, seed=5, cache_rdd=cache)
+        hist = sm.fit(rdd, epochs=3, batch_size=32, verbose=0)
+        got[cache] = (model.get_weights(), hist.history["loss"], reads.value, dict(sm.stats.phases))
+        assert sc._jsc.getPersistentRDDs().size() == persisted
+    (w_on, loss_on, reads_on, phases_on), (w_off, loss_off, reads_off, phases_off) = got[True], got[False]
+    for a, b in zip(w_on, w_off):
+        np.testing.assert_array_equal(a, b)
+    assert loss_on == loss_off and loss_on[-1] < loss_on[0]
+    # each row once for the epochs (the driver's sample reads the first rows of a partition besides), against 3 times
+    sample = reads_off - 3 * 600
+    assert 0 <= sample <= 600 and reads_on == 600 + sample, (reads_on, reads_off)
+    assert "read_once" in phases_on and "read_once" not in phases_off
