@@ -259,23 +259,28 @@ class RDDAdapter(DataAdapter):
     def share(self, value: Any, beside: Sequence[Any] = ()) -> Any:
         return self.rdd.context.broadcast(value)
 
-    def map_reduce(self, task: PartitionTask, description: str) -> Partial:
+    def _reader(self) -> Callable[[Iterator], Iterator[Batch]]:
+        """What turns a partition's items into the chunks a task trains on (plain data: it travels to the executors)."""
         chunk_rows, labelled = self.chunk_rows, self.labelled
+        return lambda rows: rows_to_chunks(rows, chunk_rows, labelled)
+
+    def map_reduce(self, task: PartitionTask, description: str) -> Partial:
+        read = self._reader()
 
         def run(index: int, rows: Iterator) -> Iterator[Partial]:
-            yield task(index, rows_to_chunks(rows, chunk_rows, labelled))
+            yield task(index, read(rows))
 
         with _spark_job(self.rdd.context, description):
             return _tree_reduce(self.rdd.mapPartitionsWithIndex(run))
 
     def barrier_map(self, task: BarrierTask, description: str) -> Partial:
-        chunk_rows, labelled = self.chunk_rows, self.labelled
+        read = self._reader()
 
         def run(rows: Iterator) -> Iterator[bytes]:
             from pyspark import BarrierTaskContext
 
             ctx = BarrierTaskContext.get()
-            yield task(ctx.partitionId(), rows_to_chunks(rows, chunk_rows, labelled), ctx).to_bytes()
+            yield task(ctx.partitionId(), read(rows), ctx).to_bytes()
 
         with _spark_job(self.rdd.context, description):
             blobs = self.rdd.barrier().mapPartitions(run).collect()
@@ -288,11 +293,11 @@ class RDDAdapter(DataAdapter):
 
         from . import chunk_cache
 
-        chunk_rows, labelled = self.chunk_rows, self.labelled
+        read = self._reader()
 
         def encoded(rows: Iterator) -> Iterator[bytes]:
             try:
-                for chunk in rows_to_chunks(rows, chunk_rows, labelled):
+                for chunk in read(rows):
                     yield chunk_cache.encode(chunk)
             except chunk_cache.ChunkEncodingError as exc:
                 raise DataError(f"{exc}: the RDD cannot be kept for the fit's epochs (set spark.sparkdl_train.data.cacheRdd=false "
@@ -350,27 +355,10 @@ class CachedChunksAdapter(RDDAdapter):
     def sample(self, n: int) -> Batch:
         raise NotImplementedError("a read-once RDD is sampled before it is read")
 
-    def map_reduce(self, task: PartitionTask, description: str) -> Partial:
+    def _reader(self) -> Callable[[Iterator], Iterator[Batch]]:
         from .chunk_cache import decode
 
-        def run(index: int, blobs: Iterator[bytes]) -> Iterator[Partial]:
-            yield task(index, (decode(b) for b in blobs))
-
-        with _spark_job(self.rdd.context, description):
-            return _tree_reduce(self.rdd.mapPartitionsWithIndex(run))
-
-    def barrier_map(self, task: BarrierTask, description: str) -> Partial:
-        from .chunk_cache import decode
-
-        def run(blobs: Iterator[bytes]) -> Iterator[bytes]:
-            from pyspark import BarrierTaskContext
-
-            ctx = BarrierTaskContext.get()
-            yield task(ctx.partitionId(), (decode(b) for b in blobs), ctx).to_bytes()
-
-        with _spark_job(self.rdd.context, description):
-            blobs = self.rdd.barrier().mapPartitions(run).collect()
-        return _merge_all(Partial.from_bytes(b) for b in blobs)
+        return lambda blobs: map(decode, blobs)
 
     def predict(self, make_model, predict, columns):
         raise NotImplementedError("predict() reads the RDD it is given")
